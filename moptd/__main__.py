@@ -1,0 +1,3 @@
+from moptd.cli import main
+
+raise SystemExit(main())

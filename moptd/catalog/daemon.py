@@ -1,0 +1,57 @@
+"""Signals about moptd itself: collector health and build facts."""
+
+from moptd.catalog import SignalSpec
+
+SIGNALS = [
+    SignalSpec(
+        "collector.success",
+        "gauge",
+        "bool",
+        "1 if the collector's last run succeeded, 0 if it failed, timed out or found no "
+        "data source (see moptd_collector_unavailable).",
+        "collector",
+        "moptd_collector_success",
+    ),
+    SignalSpec(
+        "collector.duration",
+        "gauge",
+        "seconds",
+        "Wall time of the collector's last run.",
+        "collector",
+        "moptd_collector_duration_seconds",
+    ),
+    SignalSpec(
+        "collector.last_success",
+        "gauge",
+        "seconds",
+        "Unix time of the collector's last successful run; alert on staleness.",
+        "collector",
+        "moptd_collector_last_success_timestamp_seconds",
+    ),
+    SignalSpec(
+        "collector.unavailable",
+        "gauge",
+        "bool",
+        "1 while the collector's data source is absent on this host (for example no "
+        "NVIDIA driver); the reason is in moptd status.",
+        "collector",
+        "moptd_collector_unavailable",
+    ),
+    SignalSpec(
+        "collector.failures",
+        "counter",
+        "count",
+        "Runs of the collector that failed or timed out since moptd started.",
+        "collector",
+        "moptd_collector_failures_total",
+    ),
+    SignalSpec(
+        "node.build",
+        "info",
+        "",
+        "moptd build facts; value 1.",
+        "node",
+        "moptd_build_info",
+        labels=("version", "python"),
+    ),
+]

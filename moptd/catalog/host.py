@@ -1,0 +1,93 @@
+"""Host signals (subject ``node``): memory, swap, CPU, load, disks, vm.swappiness."""
+
+from moptd.catalog import SignalSpec
+
+
+def _n(
+    name: str, kind: str, unit: str, help: str, metric: str | None, labels: tuple[str, ...] = ()
+) -> SignalSpec:
+    return SignalSpec(f"node.{name}", kind, unit, help, "node", metric, labels)  # type: ignore[arg-type]
+
+
+SIGNALS = [
+    _n(
+        "memory_total",
+        "gauge",
+        "bytes",
+        "Host memory size (MemTotal).",
+        "moptd_node_memory_total_bytes",
+    ),
+    _n(
+        "memory_available",
+        "gauge",
+        "bytes",
+        "Host memory available for new work (MemAvailable).",
+        "moptd_node_memory_available_bytes",
+    ),
+    _n(
+        "memory_available_ratio",
+        "gauge",
+        "ratio",
+        "MemAvailable / MemTotal.",
+        "moptd_node_memory_available_ratio",
+    ),
+    _n("swap_total", "gauge", "bytes", "Swap space size.", "moptd_node_swap_total_bytes"),
+    _n("swap_used", "gauge", "bytes", "Swap space in use.", "moptd_node_swap_used_bytes"),
+    _n(
+        "swap_in",
+        "counter",
+        "bytes",
+        "Bytes swapped in since boot (pswpin).",
+        "moptd_node_swap_in_bytes_total",
+    ),
+    _n(
+        "swap_out",
+        "counter",
+        "bytes",
+        "Bytes swapped out since boot (pswpout).",
+        "moptd_node_swap_out_bytes_total",
+    ),
+    _n(
+        "cpu_util",
+        "gauge",
+        "ratio",
+        "Busy share of all CPUs since the previous collection.",
+        "moptd_node_cpu_utilization_ratio",
+    ),
+    _n("cpu_count", "gauge", "count", "Logical CPUs.", "moptd_node_cpus"),
+    _n("load1", "gauge", "", "1-minute load average.", "moptd_node_load1"),
+    _n("load5", "gauge", "", "5-minute load average.", "moptd_node_load5"),
+    _n("load15", "gauge", "", "15-minute load average.", "moptd_node_load15"),
+    _n(
+        "disk_total",
+        "gauge",
+        "bytes",
+        "Size of the file system holding a watched path.",
+        "moptd_node_filesystem_size_bytes",
+        ("path",),
+    ),
+    _n(
+        "disk_available",
+        "gauge",
+        "bytes",
+        "Space available to unprivileged users on the file system holding a watched path.",
+        "moptd_node_filesystem_available_bytes",
+        ("path",),
+    ),
+    _n(
+        "disk_used_ratio",
+        "gauge",
+        "ratio",
+        "Used share of the file system holding a watched path.",
+        "moptd_node_filesystem_used_ratio",
+        ("path",),
+    ),
+    _n("swappiness", "gauge", "", "vm.swappiness.", "moptd_node_vm_swappiness"),
+    _n(
+        "boot_time",
+        "gauge",
+        "seconds",
+        "Unix time the host booted.",
+        "moptd_node_boot_time_seconds",
+    ),
+]

@@ -1,0 +1,88 @@
+"""The moptd command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from moptd import __version__
+
+EXIT_USAGE = 2
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="configuration file (default: $MOPTD_CONFIG, else /etc/moptd/moptd.yaml "
+        "when it exists, else built-in defaults)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moptd",
+        description="Node daemon and diagnostician for NVIDIA GPU inference hosts.",
+    )
+    parser.add_argument("--version", action="version", version=f"moptd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon in the foreground")
+    _add_config(run)
+    run.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="override log_level from the configuration",
+    )
+    run.add_argument(
+        "--collector",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="enable a collector (repeatable)",
+    )
+    run.add_argument(
+        "--no-collector",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="disable a collector (repeatable)",
+    )
+
+    status = sub.add_parser("status", help="GPUs, host and collector health")
+    _add_config(status)
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument(
+        "--offline", action="store_true", help="do not ask the daemon; run one collection pass here"
+    )
+
+    check = sub.add_parser("config", help="check and print the effective configuration")
+    _add_config(check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    from moptd.cli import commands
+
+    handler = getattr(commands, f"cmd_{args.command}")
+    try:
+        return int(handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level.upper()),
+        format="%(levelname)s %(name)s: %(message)s",  # journald adds the time
+    )

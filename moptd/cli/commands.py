@@ -1,0 +1,110 @@
+"""Subcommand handlers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from moptd.cli import EXIT_USAGE, setup_logging
+from moptd.collectors.base import load_all
+from moptd.config import Config, ConfigError, find_config_path, load_config
+
+
+def load(args: argparse.Namespace) -> Config | None:
+    try:
+        config = load_config(find_config_path(args.config), load_all())
+    except ConfigError as exc:
+        print(f"moptd: configuration error: {exc}", file=sys.stderr)
+        return None
+    return config
+
+
+def _with_collector_flags(config: Config, enable: list[str], disable: list[str]) -> Config:
+    known = set(config.collectors)
+    for name in [*enable, *disable]:
+        if name not in known:
+            raise ConfigError(f"unknown collector {name!r} (known: {', '.join(sorted(known))})")
+    collectors = dict(config.collectors)
+    for name in enable:
+        collectors[name] = dataclasses.replace(collectors[name], enabled=True)
+    for name in disable:
+        collectors[name] = dataclasses.replace(collectors[name], enabled=False)
+    return dataclasses.replace(config, collectors=collectors)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load(args)
+    if config is None:
+        return EXIT_USAGE
+    try:
+        config = _with_collector_flags(config, args.collector, args.no_collector)
+    except ConfigError as exc:
+        print(f"moptd: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(args.log_level or config.log_level)
+    from moptd.daemon.app import run_daemon
+
+    return run_daemon(config)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    config = load(args)
+    if config is None:
+        return EXIT_USAGE
+    print(f"# effective configuration ({config.source})")
+    print(json.dumps(config.raw, indent=2, default=str))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = load(args)
+    if config is None:
+        return EXIT_USAGE
+    from moptd.cli import client, render
+
+    view: dict[str, Any] | None = None
+    note = ""
+    if not args.offline:
+        try:
+            view = client.get_json(config.api_socket, "/v1/status")
+        except client.DaemonUnreachable as exc:
+            note = f"daemon not reachable ({exc}); ran one collection pass here"
+    else:
+        note = "offline: ran one collection pass here"
+    if view is None:
+        view = asyncio.run(offline_status(config))
+    view["note"] = note
+    if args.json:
+        json.dump(view, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        render.print_status(view)
+    return 0
+
+
+async def offline_status(config: Config) -> dict[str, Any]:
+    """Collect once without a daemon, the same collectors a daemon would run."""
+    import logging
+    import time
+
+    from moptd.daemon.app import make_runtime
+    from moptd.daemon.views import status_view
+    from moptd.store import SignalStore
+
+    logging.getLogger("moptd").setLevel(logging.ERROR)
+    store = SignalStore()
+    runtime = make_runtime(config, store)
+    await runtime.start(loops=False)
+    try:
+        await runtime.run_once()
+        # the CPU share needs two readings; a short second pass gives it
+        await asyncio.sleep(0.2)
+        if "host" in runtime.collectors:
+            await runtime.run_collector("host")
+    finally:
+        await runtime.stop()
+    return status_view(store, runtime.health.values(), time.time())

@@ -1,0 +1,116 @@
+"""Human-readable output (rich on a terminal, plain text when piped)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+_HEALTH_STYLE = {"ok": "green", "unavailable": "yellow", "failed": "bold red", "pending": "dim"}
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def _gib(v: Any) -> str:
+    return "-" if v is None else f"{v / 2**30:.1f}"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def _mhz(v: Any) -> str:
+    return "-" if v is None else f"{v / 1e6:.0f}"
+
+
+def _num(v: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _when(t: Any) -> str:
+    if not t:
+        return "-"
+    return dt.datetime.fromtimestamp(float(t), tz=dt.UTC).astimezone().strftime("%H:%M:%S")
+
+
+def print_status(view: dict[str, Any]) -> None:
+    console = _console()
+    if view.get("note"):
+        console.print(f"[yellow]{view['note']}[/yellow]")
+    gpus = view.get("gpus", [])
+    if gpus:
+        t = Table(title="GPUs", title_justify="left")
+        for col in (
+            "GPU",
+            "name",
+            "util",
+            "mem used/total GiB",
+            "temp °C",
+            "power W",
+            "SM MHz",
+            "mem MHz",
+            "clock events",
+        ):
+            t.add_column(col)
+        for g in gpus:
+            if g.get("lost"):
+                t.add_row(
+                    str(g["index"]),
+                    g.get("name") or "-",
+                    "[bold red]LOST[/]",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                )
+                continue
+            power = _num(g.get("power"))
+            if g.get("power_limit") is not None:
+                power += f" / {g['power_limit']:.0f}"
+            sm = _mhz(g.get("sm_clock"))
+            if g.get("sm_clock_max") is not None:
+                sm += f" / {g['sm_clock_max'] / 1e6:.0f}"
+            events = ", ".join(g.get("clock_events") or []) or "-"
+            t.add_row(
+                str(g["index"]),
+                g.get("name") or "-",
+                _pct(g.get("util")),
+                f"{_gib(g.get('memory_used'))} / {_gib(g.get('memory_total'))}",
+                _num(g.get("temperature")),
+                power,
+                sm,
+                _mhz(g.get("mem_clock")),
+                events,
+            )
+        console.print(t)
+    else:
+        console.print("GPUs: none seen (see the nvml collector below)")
+    node = view.get("node", {})
+    if node:
+        console.print(
+            f"Host: memory {_gib(node.get('memory_available'))} of "
+            f"{_gib(node.get('memory_total'))} GiB available, swap used "
+            f"{_gib(node.get('swap_used'))} GiB, CPU {_pct(node.get('cpu_util'))} of "
+            f"{_num(node.get('cpu_count'))}, load {_num(node.get('load1'), '{:.2f}')}, "
+            f"swappiness {_num(node.get('swappiness'))}"
+        )
+    t = Table(title="Collectors", title_justify="left")
+    for col in ("collector", "state", "since", "last run ms", "failures", "reason"):
+        t.add_column(col)
+    for c in view.get("collectors", []):
+        style = _HEALTH_STYLE.get(c["state"], "")
+        t.add_row(
+            c["name"],
+            f"[{style}]{c['state']}[/]" if style else c["state"],
+            _when(c.get("since")),
+            f"{c.get('duration_seconds', 0) * 1000:.1f}",
+            str(c.get("failures", 0)),
+            c.get("reason") or "",
+        )
+    console.print(t)

@@ -1,0 +1,116 @@
+"""The collector contract.
+
+A collector's ``collect()`` returns a Batch, raises ``Unavailable`` ("no data here": an
+absent GPU on a CPU host is normal), or raises anything else (a failure). The runtime
+turns every outcome into the collector.* signals. Blocking work goes through
+``self.blocking(fn)``, which runs it on the collector's own thread so that a call that
+hangs (an NVML query on a GPU in recovery) can never exhaust a shared pool or stall the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from moptd.clock import Clock, SystemClock
+from moptd.observations import Batch, Event
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class Unavailable(Exception):
+    """The collector's data source does not exist on this host (no driver, no journal)."""
+
+
+class CollectorBusy(Exception):
+    """The previous blocking call has not returned yet (the source is hanging)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One collector-specific configuration key: its type, default and meaning."""
+
+    type: type | tuple[type, ...]
+    default: Any
+    help: str
+
+
+@dataclass
+class CollectorContext:
+    """What a collector may know about the daemon: its own options, the filesystem roots
+    it reads, the state directory, the clock, and a way to publish events as they come."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    procfs: Path = Path("/proc")
+    sysfs: Path = Path("/sys")
+    state_dir: Path = Path("/var/lib/moptd")
+    clock: Clock = field(default_factory=SystemClock)
+    publish: Callable[[list[Event]], None] = lambda events: None
+    global_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Collector:
+    name: ClassVar[str]
+    default_enabled: ClassVar[bool] = True
+    default_interval: ClassVar[float] = 5.0
+    default_timeout: ClassVar[float] = 5.0
+    options: ClassVar[Mapping[str, Option]] = {}
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        self.ctx = ctx
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future[Any] | None = None
+
+    def option(self, key: str) -> Any:
+        if key in self.ctx.options:
+            return self.ctx.options[key]
+        return self.options[key].default
+
+    async def start(self) -> None:
+        """Open long-lived resources (followers, event threads). Default: nothing."""
+
+    async def collect(self) -> Batch:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Release resources. Must not block on a hung call."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pending is not None and not self._pending.done():
+            raise CollectorBusy(f"{self.name}: the previous call is still running")
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"moptd-{self.name}"
+            )
+        fut = self._executor.submit(fn, *args)
+        self._pending = fut
+        return await asyncio.wrap_future(fut)
+
+
+REGISTRY: dict[str, type[Collector]] = {}
+
+C = TypeVar("C", bound=type[Collector])
+
+
+def register(cls: C) -> C:
+    if cls.name in REGISTRY:
+        raise ValueError(f"collector {cls.name} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def load_all() -> dict[str, type[Collector]]:
+    """Import every collector module so each registers itself."""
+    from moptd import collectors  # noqa: F401  (the package imports its modules)
+
+    return dict(REGISTRY)

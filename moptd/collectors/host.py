@@ -1,0 +1,109 @@
+"""Host collector: memory, swap, CPU, load, watched file systems, vm.swappiness.
+
+Reads /proc directly (through the configurable procfs root) with the same parsers that
+bundle replay uses for host/meminfo and friends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import ClassVar
+
+from moptd.collectors import procfs
+from moptd.collectors.base import Collector, CollectorContext, Option, register
+from moptd.observations import NODE, Batch, labels_of
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@register
+class HostCollector(Collector):
+    name = "host"
+    default_interval = 5.0
+    default_timeout = 5.0
+    options: ClassVar[Mapping[str, Option]] = {
+        "model_dirs": Option(list, [], "Model directories whose file systems are watched."),
+    }
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._prev_cpu: tuple[float, float] | None = None
+
+    def watched_paths(self) -> list[Path]:
+        paths = [Path(p) for p in self.ctx.global_options.get("watch_paths", ())]
+        paths.append(self.ctx.state_dir)
+        paths.extend(Path(p) for p in self.option("model_dirs"))
+        seen: dict[str, Path] = {}
+        for p in paths:
+            seen.setdefault(str(p), p)
+        return list(seen.values())
+
+    async def collect(self) -> Batch:
+        return await self.blocking(self._read)
+
+    def _read(self) -> Batch:
+        proc = self.ctx.procfs
+        b = Batch()
+        mem = procfs.parse_meminfo((proc / "meminfo").read_text())
+        total = mem.get("MemTotal")
+        avail = mem.get("MemAvailable")
+        if total:
+            b.add("node.memory_total", NODE, float(total))
+        if avail is not None:
+            b.add("node.memory_available", NODE, float(avail))
+            if total:
+                b.add("node.memory_available_ratio", NODE, avail / total)
+        if "SwapTotal" in mem:
+            b.add("node.swap_total", NODE, float(mem["SwapTotal"]))
+            b.add("node.swap_used", NODE, float(mem["SwapTotal"] - mem.get("SwapFree", 0)))
+        vmstat = procfs.parse_keyvalue_ints(_read_optional(proc / "vmstat"))
+        for key, signal in (("pswpin", "node.swap_in"), ("pswpout", "node.swap_out")):
+            if key in vmstat:
+                b.add(signal, NODE, float(vmstat[key] * PAGE_SIZE))
+        stat = (proc / "stat").read_text()
+        cpu = procfs.parse_cpu_times(stat)
+        if cpu is not None:
+            if self._prev_cpu is not None and cpu[1] > self._prev_cpu[1]:
+                busy = (cpu[0] - self._prev_cpu[0]) / (cpu[1] - self._prev_cpu[1])
+                b.add("node.cpu_util", NODE, min(1.0, max(0.0, busy)))
+            self._prev_cpu = cpu
+        btime = procfs.parse_btime(stat)
+        if btime is not None:
+            b.add("node.boot_time", NODE, float(btime))
+        b.add("node.cpu_count", NODE, float(os.cpu_count() or 0))
+        load = procfs.parse_loadavg(_read_optional(proc / "loadavg"))
+        if load is not None:
+            for name, value in zip(("node.load1", "node.load5", "node.load15"), load, strict=True):
+                b.add(name, NODE, value)
+        swappiness = procfs.parse_int(_read_optional(proc / "sys/vm/swappiness"))
+        if swappiness is not None:
+            b.add("node.swappiness", NODE, float(swappiness))
+        for path in self.watched_paths():
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue  # a watched path that does not exist yet is not an error
+            size = st.f_blocks * st.f_frsize
+            avail_b = st.f_bavail * st.f_frsize
+            used = (st.f_blocks - st.f_bfree) * st.f_frsize
+            lab = labels_of(path=str(path))
+            b.add("node.disk_total", NODE, float(size), lab)
+            b.add("node.disk_available", NODE, float(avail_b), lab)
+            if size:
+                # df's Use%: used over what users could have (used + available)
+                b.add(
+                    "node.disk_used_ratio",
+                    NODE,
+                    used / (used + avail_b) if used + avail_b else 0.0,
+                    lab,
+                )
+        return b
+
+
+def _read_optional(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,102 @@
+"""Parsers for the /proc files the host collector and bundle replay both read.
+
+Each takes the file's text and returns plain numbers; malformed lines are skipped, never
+raised on, because a half-written or foreign file must not take a collector down.
+"""
+
+from __future__ import annotations
+
+import re
+
+_MEMINFO_LINE = re.compile(r"^(\w[\w()]*):\s+(\d+)(?:\s+kB)?\s*$")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> bytes by key (values in kB are converted)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = _MEMINFO_LINE.match(line.strip())
+        if m:
+            value = int(m.group(2))
+            out[m.group(1)] = value * 1024 if line.rstrip().endswith("kB") else value
+    return out
+
+
+def parse_keyvalue_ints(text: str) -> dict[str, int]:
+    """/proc/vmstat and kin: 'key value' lines -> ints."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def parse_cpu_times(text: str) -> tuple[float, float] | None:
+    """/proc/stat 'cpu' line -> (busy, total) jiffies, or None if absent."""
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            fields = line.split()[1:]
+            try:
+                values = [float(x) for x in fields[:10]]
+            except ValueError:
+                return None
+            if len(values) < 4:
+                return None
+            idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
+            total = sum(values[:8])  # guest time is already counted in user/nice
+            return total - idle, total
+    return None
+
+
+def parse_btime(text: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith("btime "):
+            value = line.split()[1:2]
+            if value and value[0].isdigit():
+                return int(value[0])
+    return None
+
+
+def parse_loadavg(text: str) -> tuple[float, float, float] | None:
+    parts = text.split()
+    try:
+        return float(parts[0]), float(parts[1]), float(parts[2])
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_int(text: str) -> int | None:
+    s = text.strip()
+    return int(s) if s.lstrip("-").isdigit() else None
+
+
+def parse_df(text: str) -> list[dict[str, object]]:
+    """`df -P` output -> [{filesystem, size, used, available, mount}] in bytes."""
+    out: list[dict[str, object]] = []
+    lines = text.splitlines()
+    if not lines:
+        return out
+    header = lines[0].split()
+    block = 1024
+    if len(header) > 1 and header[1].endswith("-blocks"):
+        size = header[1].split("-")[0]
+        block = int(size) if size.isdigit() else 1024
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) < 6:
+            continue
+        try:
+            size_b, used_b, avail_b = (int(parts[i]) * block for i in (1, 2, 3))
+        except ValueError:
+            continue
+        out.append(
+            {
+                "filesystem": parts[0],
+                "size": size_b,
+                "used": used_b,
+                "available": avail_b,
+                "mount": " ".join(parts[5:]),
+            }
+        )
+    return out

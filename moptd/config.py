@@ -1,0 +1,326 @@
+"""Configuration: one YAML file over built-in defaults, so `moptd run` needs no file.
+
+Lookup: ``--config PATH``, else ``$MOPTD_CONFIG``, else ``/etc/moptd/moptd.yaml`` when it
+exists, else the defaults alone. Every error names the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moptd.collectors.base import Collector
+from moptd.durations import parse_duration
+
+SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
+
+
+class ConfigError(Exception):
+    """A configuration problem, already phrased for the operator."""
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def default_state_dir() -> Path:
+    if _is_root():
+        return Path("/var/lib/moptd")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "moptd"
+
+
+def default_api_socket() -> Path:
+    if _is_root():
+        return Path("/run/moptd/api.sock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "moptd" / "api.sock"
+    return default_state_dir() / "api.sock"
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    enabled: bool
+    interval: float
+    timeout: float
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str  # the file read, or "<defaults>"
+    state_dir: Path
+    log_level: str
+    exporter_listen: str | None
+    api_socket: Path
+    api_socket_mode: int
+    api_group: str | None
+    api_listen: str | None
+    api_token_file: Path | None
+    retention: float
+    max_points: int
+    max_events: int
+    procfs: Path
+    sysfs: Path
+    watch_paths: tuple[Path, ...]
+    collectors: Mapping[str, CollectorConfig]
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+# The schema: key -> (accepted types, default or a callable giving it, help). Nested
+# mappings are dicts. Collectors' sections are built from the registry.
+_LEVELS = ("debug", "info", "warning", "error")
+SCHEMA: dict[str, Any] = {
+    "state_dir": (
+        (str,),
+        lambda: str(default_state_dir()),
+        "Directory for moptd's state (kernel-log position, findings database).",
+    ),
+    "log_level": ((str,), "info", "One of debug, info, warning, error."),
+    "exporter": {
+        "listen": (
+            (str, type(None)),
+            "127.0.0.1:9477",
+            "host:port for Prometheus /metrics; null turns the exporter off.",
+        ),
+    },
+    "api": {
+        "socket": ((str,), lambda: str(default_api_socket()), "Unix socket of the local API."),
+        "socket_mode": ((int,), 0o660, "Permission bits of the API socket."),
+        "group": ((str, type(None)), None, "Group allowed to call mutating API endpoints."),
+        "listen": ((str, type(None)), None, "Optional loopback host:port for the API."),
+        "token_file": ((str, type(None)), None, "Token file required by the TCP API."),
+    },
+    "store": {
+        "retention": ((str, int, float), "1h", "How long signal history is kept."),
+        "max_points": ((int,), 4096, "Most points kept per series (changes only)."),
+        "max_events": ((int,), 10000, "Most events kept per event stream."),
+    },
+    "paths": {
+        "procfs": ((str,), "/proc", "Root of procfs (tests point it elsewhere)."),
+        "sysfs": ((str,), "/sys", "Root of sysfs."),
+    },
+    "host": {
+        "watch_paths": (
+            (list,),
+            ["/", "/tmp"],  # noqa: S108 - watched for space, not written
+            "File systems to watch for space (the state dir is always added).",
+        ),
+    },
+}
+_COLLECTOR_COMMON = {
+    "enabled": (bool,),
+    "interval": (str, int, float),
+    "timeout": (str, int, float),
+}
+
+
+def _line_map(text: str) -> dict[tuple[str, ...], int]:
+    """Line number (1-based) of every mapping key, by its path."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                if key in seen:
+                    raise _KeyProblem((*path, key), key_node.start_mark.line + 1, "duplicate key")
+                seen.add(key)
+                lines[(*path, key)] = key_node.start_mark.line + 1
+                walk(value_node, (*path, key))
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+class _KeyProblem(Exception):
+    def __init__(self, path: tuple[str, ...], line: int, message: str) -> None:
+        super().__init__(message)
+        self.path, self.line, self.message = path, line, message
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {
+        str: "string",
+        int: "integer",
+        float: "number",
+        bool: "true/false",
+        list: "list",
+        dict: "mapping",
+        type(None): "null",
+    }
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _check_type(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False  # YAML's true is not an integer here
+    return isinstance(value, types)
+
+
+def _apply(schema: Mapping[str, Any], data: Any, path: tuple[str, ...]) -> dict[str, Any]:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise _KeyProblem(path, 0, "must be a mapping")
+    out: dict[str, Any] = {}
+    for key in data:
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            raise _KeyProblem((*path, str(key)), 0, f"unknown key (known here: {known})")
+    for key, spec in schema.items():
+        if isinstance(spec, dict):
+            out[key] = _apply(spec, data.get(key), (*path, key))
+            continue
+        types, default, _help = spec
+        if key in data:
+            value = data[key]
+            if not _check_type(value, types):
+                raise _KeyProblem((*path, key), 0, f"must be {_type_names(types)}, not {value!r}")
+            out[key] = value
+        else:
+            out[key] = default() if callable(default) else default
+    return out
+
+
+def _collector_schema(cls: type[Collector]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "enabled": (_COLLECTOR_COMMON["enabled"], cls.default_enabled, "Run this collector."),
+        "interval": (_COLLECTOR_COMMON["interval"], cls.default_interval, "Time between runs."),
+        "timeout": (_COLLECTOR_COMMON["timeout"], cls.default_timeout, "Limit for one run."),
+    }
+    for key, opt in cls.options.items():
+        types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
+        spec[key] = (types, opt.default, opt.help)
+    return spec
+
+
+def full_schema(registry: Mapping[str, type[Collector]]) -> dict[str, Any]:
+    schema = dict(SCHEMA)
+    schema["collectors"] = {name: _collector_schema(cls) for name, cls in sorted(registry.items())}
+    return schema
+
+
+def find_config_path(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("MOPTD_CONFIG")
+    if env:
+        return Path(env)
+    return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None
+
+
+def load_config(path: Path | None, registry: Mapping[str, type[Collector]]) -> Config:
+    source = str(path) if path else "<defaults>"
+    text = ""
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return parse_config(text, source, registry)
+
+
+def parse_config(text: str, source: str, registry: Mapping[str, type[Collector]]) -> Config:
+    try:
+        lines = _line_map(text)
+        data = yaml.safe_load(text) if text.strip() else {}
+        merged = _apply(full_schema(registry), data, ())
+        return _build(merged, source, lines)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: YAML syntax error: {exc.problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: YAML error: {exc}") from exc
+    except _KeyProblem as exc:
+        line = exc.line or _nearest_line(lines_or_empty(text), exc.path)
+        where = f"{source}:{line}" if line else source
+        key = ".".join(exc.path) or "(top level)"
+        raise ConfigError(f"{where}: key '{key}': {exc.message}") from exc
+
+
+def lines_or_empty(text: str) -> dict[tuple[str, ...], int]:
+    try:
+        return _line_map(text)
+    except (yaml.YAMLError, _KeyProblem):
+        return {}
+
+
+def _nearest_line(lines: Mapping[tuple[str, ...], int], path: tuple[str, ...]) -> int:
+    for n in range(len(path), 0, -1):
+        if path[:n] in lines:
+            return lines[path[:n]]
+    return 0
+
+
+def _duration(merged: Mapping[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = merged
+    for part in path:
+        value = value[part]
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise _KeyProblem(path, 0, str(exc)) from exc
+
+
+def _build(m: dict[str, Any], source: str, lines: Mapping[tuple[str, ...], int]) -> Config:
+    if m["log_level"] not in _LEVELS:
+        raise _KeyProblem(("log_level",), 0, f"must be one of {', '.join(_LEVELS)}")
+    for key in ("exporter", "api"):
+        listen = m[key]["listen"]
+        if listen is not None:
+            _check_listen(listen, (key, "listen"))
+    collectors: dict[str, CollectorConfig] = {}
+    for name, section in m["collectors"].items():
+        interval = _duration(m, ("collectors", name, "interval"))
+        timeout = _duration(m, ("collectors", name, "timeout"))
+        if interval <= 0:
+            raise _KeyProblem(("collectors", name, "interval"), 0, "must be above zero")
+        if timeout <= 0:
+            raise _KeyProblem(("collectors", name, "timeout"), 0, "must be above zero")
+        options = {k: v for k, v in section.items() if k not in _COLLECTOR_COMMON}
+        collectors[name] = CollectorConfig(section["enabled"], interval, timeout, options)
+    watch = m["host"]["watch_paths"]
+    if not all(isinstance(p, str) for p in watch):
+        raise _KeyProblem(("host", "watch_paths"), 0, "must be a list of paths")
+    token = m["api"]["token_file"]
+    return Config(
+        source=source,
+        state_dir=Path(m["state_dir"]).expanduser(),
+        log_level=m["log_level"],
+        exporter_listen=m["exporter"]["listen"],
+        api_socket=Path(m["api"]["socket"]).expanduser(),
+        api_socket_mode=m["api"]["socket_mode"],
+        api_group=m["api"]["group"],
+        api_listen=m["api"]["listen"],
+        api_token_file=Path(token) if token else None,
+        retention=_duration(m, ("store", "retention")),
+        max_points=m["store"]["max_points"],
+        max_events=m["store"]["max_events"],
+        procfs=Path(m["paths"]["procfs"]),
+        sysfs=Path(m["paths"]["sysfs"]),
+        watch_paths=tuple(Path(p) for p in watch),
+        collectors=collectors,
+        raw=m,
+    )
+
+
+def _check_listen(value: str, path: tuple[str, ...]) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _KeyProblem(path, 0, f"must be host:port, not {value!r}")
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,1 @@
+"""The daemon: collector runtime, exporter, local API, lifecycle."""

@@ -1,0 +1,153 @@
+"""Wires the daemon together and runs it until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from moptd.collectors.base import Collector, CollectorContext, load_all
+from moptd.config import Config, split_listen
+from moptd.daemon import sdnotify
+from moptd.daemon.api import make_api_app
+from moptd.daemon.exporter import make_registry
+from moptd.daemon.runtime import CollectorRuntime
+from moptd.store import SignalStore
+
+log = logging.getLogger(__name__)
+
+
+def build_collectors(
+    config: Config, runtime_publish: object | None = None
+) -> dict[str, tuple[Collector, float, float]]:
+    registry = load_all()
+    out: dict[str, tuple[Collector, float, float]] = {}
+    for name, cc in config.collectors.items():
+        if not cc.enabled or name not in registry:
+            continue
+        ctx = CollectorContext(
+            options=cc.options,
+            procfs=config.procfs,
+            sysfs=config.sysfs,
+            state_dir=config.state_dir,
+            global_options={"watch_paths": config.watch_paths},
+        )
+        out[name] = (registry[name](ctx), cc.interval, cc.timeout)
+    return out
+
+
+def make_runtime(config: Config, store: SignalStore) -> CollectorRuntime:
+    collectors = build_collectors(config)
+    runtime = CollectorRuntime(store, collectors)
+    for collector, _, _ in collectors.values():
+        collector.ctx.publish = runtime.publish
+    return runtime
+
+
+def ensure_dir(path: Path, mode: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, mode)  # explicit, whatever the umask
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.store = SignalStore(
+            retention=config.retention, max_points=config.max_points, max_events=config.max_events
+        )
+        self.runtime = make_runtime(config, self.store)
+        self.started = time.time()
+        self._runners: list[web.AppRunner] = []
+        self._stop = asyncio.Event()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        ensure_dir(self.config.state_dir, 0o750)
+        try:
+            await self._serve()
+        except OSError as exc:
+            log.error("cannot listen: %s", exc)
+            await self._shutdown()
+            return 1
+        await self.runtime.start()
+        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(30):
+                    await self.runtime.first_pass.wait()
+            sdnotify.notify("READY=1\nSTATUS=collecting")
+            log.info("moptd running: %d collectors", len(self.runtime.collectors))
+            await self._stop.wait()
+        finally:
+            sdnotify.notify("STOPPING=1")
+            log.info("moptd stopping")
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+            await self.runtime.stop()
+            await self._shutdown()
+        return 0
+
+    async def _watchdog(self) -> None:
+        interval = sdnotify.watchdog_interval()
+        if interval is None:
+            return
+        # Ping only while collection makes progress, so a wedged loop gets restarted.
+        last_runs = -1
+        while True:
+            await asyncio.sleep(interval)
+            runs = sum(h.runs for h in self.runtime.health.values())
+            if runs != last_runs:
+                sdnotify.notify("WATCHDOG=1")
+                last_runs = runs
+
+    async def _serve(self) -> None:
+        cfg = self.config
+        if cfg.exporter_listen:
+            app = web.Application()
+            app.router.add_get("/metrics", make_aiohttp_handler(make_registry(self.store)))
+            app.router.add_get("/", _landing)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            self._runners.append(runner)
+            host, port = split_listen(cfg.exporter_listen)
+            await web.TCPSite(runner, host, port).start()
+            log.info("exporter listening on http://%s/metrics", cfg.exporter_listen)
+        api = web.AppRunner(make_api_app(self.store, self.runtime, self.started), access_log=None)
+        await api.setup()
+        self._runners.append(api)
+        sock = cfg.api_socket
+        ensure_dir(sock.parent, 0o755 if sock.parent != cfg.state_dir else 0o750)
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        await web.UnixSite(api, str(sock)).start()
+        os.chmod(sock, cfg.api_socket_mode)
+        if cfg.api_group:
+            try:
+                os.chown(sock, -1, grp.getgrnam(cfg.api_group).gr_gid)
+            except (KeyError, PermissionError) as exc:
+                log.warning("cannot give %s to group %s: %s", sock, cfg.api_group, exc)
+        log.info("API listening on %s", sock)
+
+    async def _shutdown(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+
+
+async def _landing(request: web.Request) -> web.Response:
+    return web.Response(text="moptd: metrics at /metrics\n")
+
+
+def run_daemon(config: Config) -> int:
+    return asyncio.run(Daemon(config).run())

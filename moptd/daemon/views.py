@@ -1,0 +1,104 @@
+"""JSON views of the daemon's state, shared by the API and `moptd status --offline`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from moptd import __version__
+from moptd.catalog import CATALOG
+from moptd.daemon.runtime import CollectorHealth
+from moptd.observations import Value, subject_id
+from moptd.store import SignalStore
+
+# nvmlClocksEventReason* bits (gpu-health-anchors.md §c1), in bit order.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    return [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+
+
+_GPU_FIELDS = (
+    "util",
+    "mem_util",
+    "memory_used",
+    "memory_total",
+    "temperature",
+    "power",
+    "power_limit",
+    "sm_clock",
+    "sm_clock_max",
+    "mem_clock",
+    "pstate",
+    "clock_event_reasons",
+    "pcie_link_gen",
+    "pcie_link_gen_max",
+    "pcie_link_width",
+    "pcie_link_width_max",
+    "ecc_volatile_uncorrected",
+    "remap_pending",
+    "remap_failure",
+    "recovery_action",
+    "persistence_mode",
+    "lost",
+)
+_NODE_FIELDS = (
+    "memory_total",
+    "memory_available",
+    "swap_total",
+    "swap_used",
+    "cpu_util",
+    "cpu_count",
+    "load1",
+    "swappiness",
+)
+
+
+def _num(v: Value) -> float | int | str | None:
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def status_view(
+    store: SignalStore, health: Iterable[CollectorHealth], started_at: float | None = None
+) -> dict[str, Any]:
+    gpus = []
+    for subject in store.subjects("gpu"):
+        attrs = store.attrs(subject)
+        g: dict[str, Any] = {
+            "subject": subject,
+            "index": subject_id(subject),
+            "uuid": attrs.get("uuid"),
+            "name": attrs.get("name"),
+            "pci_bus_id": attrs.get("pci_bus_id"),
+        }
+        for f in _GPU_FIELDS:
+            g[f] = _num(store.latest(f"gpu.{f}", subject))
+        mask = g.get("clock_event_reasons")
+        g["clock_events"] = decode_clock_event_reasons(int(mask)) if isinstance(mask, int) else []
+        gpus.append(g)
+    node = {f: _num(store.latest(f"node.{f}", "node")) for f in _NODE_FIELDS}
+    return {
+        "version": __version__,
+        "time": time.time(),
+        "started_at": started_at,
+        "collectors": [h.as_dict() for h in health],
+        "gpus": gpus,
+        "node": node,
+        "units": {f"gpu.{f}": CATALOG[f"gpu.{f}"].unit for f in _GPU_FIELDS}
+        | {f"node.{f}": CATALOG[f"node.{f}"].unit for f in _NODE_FIELDS},
+        "store": store.stats(),
+    }

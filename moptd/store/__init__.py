@@ -1,0 +1,203 @@
+"""The signal store: bounded series per (signal, subject, labels), event streams, and the
+latest snapshot each source produced.
+
+It is written by one party at a time (the event loop), read by the exporter, the rule
+engine and the API. It does no I/O and takes its time from an injectable clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from moptd.clock import Clock, SystemClock
+from moptd.observations import Batch, Event, Labels, Sample, Value, subject_kind
+from moptd.store.series import Series
+
+SeriesKey = tuple[str, str, Labels]  # (signal, subject, labels)
+
+__all__ = ["EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
+
+
+class EventLog:
+    """One bounded, time-ordered stream of events (kernel.xid, gpu.xid_event, ...)."""
+
+    __slots__ = ("_events", "dropped")
+
+    def __init__(self, max_events: int) -> None:
+        self._events: deque[Event] = deque(maxlen=max_events)
+        self.dropped = 0
+
+    def append(self, event: Event) -> None:
+        if len(self._events) == self._events.maxlen:
+            self.dropped += 1
+        self._events.append(event)
+
+    def evict_before(self, t: float) -> None:
+        while self._events and self._events[0].t < t:
+            self._events.popleft()
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def since(self, t: float, subject: str | None = None) -> list[Event]:
+        out = []
+        for ev in reversed(self._events):
+            if ev.t < t:
+                break
+            if subject is None or ev.subject == subject:
+                out.append(ev)
+        out.reverse()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the sources reported in their latest successful pass: the exporter's view."""
+
+    samples: tuple[Sample, ...]
+    attrs: dict[str, dict[str, str]]
+    taken_at: float
+
+
+class SignalStore:
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        retention: float = 3600.0,
+        max_points: int = 4096,
+        max_events: int = 10000,
+    ) -> None:
+        self.clock = clock or SystemClock()
+        self.retention = retention
+        self.max_points = max_points
+        self.max_events = max_events
+        self._series: dict[SeriesKey, Series] = {}
+        self._text: dict[SeriesKey, tuple[float, str | None]] = {}
+        self._events: dict[str, EventLog] = {}
+        self._current: dict[str, Batch] = {}  # source -> its latest batch
+        self._attrs: dict[str, dict[str, str]] = {}
+        self._last_evict = -math.inf
+
+    # --- writing ---
+
+    def ingest(self, source: str, batch: Batch, t: float | None = None) -> None:
+        """Record a source's pass. Its snapshot is replaced whole, so subjects that left
+        (a GPU that fell off, a process that exited) leave the exporter's view too."""
+        now = self.clock.now() if t is None else t
+        for s in batch.samples:
+            self._record(s, now)
+        self.add_events(batch.events)
+        for subject, attrs in batch.attrs.items():
+            self._attrs.setdefault(subject, {}).update(attrs)
+        self._current[source] = batch
+        if now - self._last_evict > 60:
+            self.evict(now)
+
+    def record(self, sample: Sample, t: float | None = None) -> None:
+        self._record(sample, self.clock.now() if t is None else t)
+
+    def _record(self, s: Sample, t: float) -> None:
+        key = (s.signal, s.subject, s.labels)
+        v: Value = s.value
+        if isinstance(v, str) or v is None:
+            self._text[key] = (t, v)
+            return
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = Series(self.max_points)
+        series.append(t, float(v))
+
+    def add_events(self, events: Iterable[Event]) -> None:
+        for ev in events:
+            log = self._events.get(ev.stream)
+            if log is None:
+                log = self._events[ev.stream] = EventLog(self.max_events)
+            log.append(ev)
+
+    def drop_source(self, source: str) -> None:
+        """A failed source's values leave the snapshot: stale numbers mislead more than
+        absent ones. Its history stays for the rules."""
+        self._current.pop(source, None)
+
+    def evict(self, now: float) -> None:
+        horizon = now - self.retention
+        for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
+            del self._series[key]
+        for s in self._series.values():
+            s.evict_before(horizon)
+        for key in [k for k, (t, _) in self._text.items() if t < horizon]:
+            del self._text[key]
+        for log in self._events.values():
+            log.evict_before(horizon)
+        live = {k[1] for k in self._series} | {k[1] for k in self._text}
+        for batch in self._current.values():
+            live.update(batch.attrs)
+        for subject in [s for s in self._attrs if s not in live]:
+            del self._attrs[subject]
+        self._last_evict = now
+
+    # --- reading ---
+
+    def snapshot(self) -> Snapshot:
+        samples: list[Sample] = []
+        for batch in self._current.values():
+            samples.extend(batch.samples)
+        return Snapshot(
+            tuple(samples), {k: dict(v) for k, v in self._attrs.items()}, self.clock.now()
+        )
+
+    def series(self, signal: str, subject: str, labels: Labels = ()) -> Series | None:
+        return self._series.get((signal, subject, labels))
+
+    def series_for(self, signal: str, subject: str) -> list[tuple[Labels, Series]]:
+        """Every label set of a signal on one subject (e.g. clock_event_active by reason)."""
+        return [(k[2], s) for k, s in self._series.items() if k[0] == signal and k[1] == subject]
+
+    def text(self, signal: str, subject: str, labels: Labels = ()) -> str | None:
+        entry = self._text.get((signal, subject, labels))
+        return None if entry is None else entry[1]
+
+    def latest(self, signal: str, subject: str, labels: Labels = ()) -> Value:
+        series = self._series.get((signal, subject, labels))
+        if series is not None:
+            return series.last()
+        return self.text(signal, subject, labels)
+
+    def attrs(self, subject: str) -> dict[str, str]:
+        return dict(self._attrs.get(subject, {}))
+
+    def subjects(self, kind: str | None = None) -> list[str]:
+        seen = {k[1] for k in self._series} | {k[1] for k in self._text} | set(self._attrs)
+        return sorted(s for s in seen if kind is None or subject_kind(s) == kind)
+
+    def events(self, stream: str) -> EventLog:
+        log = self._events.get(stream)
+        if log is None:
+            log = self._events[stream] = EventLog(self.max_events)
+        return log
+
+    def count_events(
+        self,
+        stream: str,
+        window: float,
+        subject: str | None = None,
+        where: Callable[[Event], bool] | None = None,
+        now: float | None = None,
+    ) -> int:
+        t0 = (self.clock.now() if now is None else now) - window
+        return sum(1 for ev in self.events(stream).since(t0, subject) if where is None or where(ev))
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "series": len(self._series),
+            "points": sum(len(s) for s in self._series.values()),
+            "text_series": len(self._text),
+            "events": sum(len(e) for e in self._events.values()),
+            "events_dropped": sum(e.dropped for e in self._events.values()),
+        }

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up a virtual environment with moptd and its test tools, then lint, type-check and
+# run the tests. Extra arguments go to pytest (e.g. scripts/test.sh -k exporter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+"$VENV/bin/ruff" check moptd tests bench
+"$VENV/bin/mypy"
+exec "$VENV/bin/pytest" "$@"
