@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import pkgutil
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("config", help="check and print the effective configuration")
     _add_config(check)
+    # Further commands live in moptd/cli/cmd_<name>.py, each with
+    # add_parser(subparsers) that sets `func` on its parser.
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            importlib.import_module(f"{__name__}.{info.name}").add_parser(sub)
     return parser
 
 
@@ -69,9 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    from moptd.cli import commands
+    handler = getattr(args, "func", None)
+    if handler is None:
+        from moptd.cli import commands
 
-    handler = getattr(commands, f"cmd_{args.command}")
+        handler = getattr(commands, f"cmd_{args.command}")
     try:
         return int(handler(args))
     except KeyboardInterrupt:
