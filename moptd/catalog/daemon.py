@@ -46,6 +46,25 @@ SIGNALS = [
         "moptd_collector_failures_total",
     ),
     SignalSpec(
+        "finding.active",
+        "gauge",
+        "bool",
+        "1 for each firing finding, like Prometheus' ALERTS; code is the stable diagnosis "
+        "code, subject is node, gpu:<index> or serving:<name>.",
+        "node",
+        "moptd_finding_active",
+        labels=("rule", "code", "severity", "subject"),
+    ),
+    SignalSpec(
+        "finding.pending",
+        "gauge",
+        "bool",
+        "1 for each pending finding (its condition holds, its for: has not yet elapsed).",
+        "node",
+        "moptd_finding_pending",
+        labels=("rule", "code", "severity", "subject"),
+    ),
+    SignalSpec(
         "node.build",
         "info",
         "",
