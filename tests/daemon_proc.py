@@ -1,0 +1,95 @@
+"""Start a real `moptd run` subprocess on free loopback ports for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DaemonProcess:
+    def __init__(self, tmp: Path, extra: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.state_dir = tmp / "state"
+        self.socket = tmp / "api.sock"
+        config: dict[str, Any] = {
+            "state_dir": str(self.state_dir),
+            "exporter": {"listen": f"127.0.0.1:{self.port}"},
+            "api": {"socket": str(self.socket)},
+        }
+        for key, value in (extra or {}).items():
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key].update(value)
+            else:
+                config[key] = value
+        self.config_path = tmp / "moptd.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = tmp / "moptd.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *args: str) -> DaemonProcess:
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moptd", "run", "--config", str(self.config_path), *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+        )
+        return self
+
+    def wait_metrics(self, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"moptd exited with {self.proc.returncode}: {self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/metrics", timeout=2) as resp:
+                    return resp.read().decode()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> DaemonProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,83 @@
+"""Configuration: defaults, overrides, and errors that name file, line and key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from moptd.collectors.base import load_all
+from moptd.config import ConfigError, load_config, parse_config
+
+
+def parse(text: str):
+    return parse_config(text, "moptd.yaml", load_all())
+
+
+def test_defaults_need_no_file():
+    cfg = load_config(None, load_all())
+    assert cfg.source == "<defaults>"
+    assert cfg.exporter_listen == "127.0.0.1:9477"
+    assert cfg.collectors["nvml"].enabled
+    assert cfg.collectors["nvml"].interval == 1.0
+    assert cfg.retention == 3600
+
+
+def test_overrides_and_durations():
+    cfg = parse("exporter:\n  listen: 0.0.0.0:9500\ncollectors:\n  host:\n"
+                "    interval: 500ms\n    timeout: 2s\nstore:\n  retention: 30m\n")
+    assert cfg.exporter_listen == "0.0.0.0:9500"
+    assert cfg.collectors["host"].interval == 0.5
+    assert cfg.collectors["host"].timeout == 2.0
+    assert cfg.retention == 1800
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("exporter:\n  listn: x\n", "moptd.yaml:2: key 'exporter.listn': unknown key (known here: listen)"),
+        ("log_level: 3\n", "moptd.yaml:1: key 'log_level': must be string, not 3"),
+        ("collectors:\n  host:\n    enabled: yes please\n",
+         "moptd.yaml:3: key 'collectors.host.enabled': must be true/false, not 'yes please'"),
+        ("collectors:\n  host:\n    interval: 5 minutes\n",
+         "moptd.yaml:3: key 'collectors.host.interval': not a duration: '5 minutes'"),
+        ("collectors:\n  gpu:\n    enabled: true\n",
+         "moptd.yaml:2: key 'collectors.gpu': unknown key (known here: "),
+        ("exporter:\n  listen: nowhere\n",
+         "moptd.yaml:2: key 'exporter.listen': must be host:port, not 'nowhere'"),
+        ("store:\n  retention: 1h\nstore:\n  max_points: 5\n",
+         "moptd.yaml:3: key 'store': duplicate key"),
+        ("exporter: [1, 2\n", "moptd.yaml:2: YAML syntax error"),
+        ("collectors:\n  host:\n    interval: 0\n",
+         "moptd.yaml:3: key 'collectors.host.interval': must be above zero"),
+    ],
+)
+def test_errors_name_file_line_and_key(text, message):
+    with pytest.raises(ConfigError) as exc:
+        parse(text)
+    assert str(exc.value).startswith(message)
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", load_all())
+
+
+def test_run_refuses_a_bad_config_with_status_2(tmp_path):
+    bad = tmp_path / "moptd.yaml"
+    bad.write_text("exporter:\n  listen: 127.0.0.1:1\n  bogus: 1\n")
+    proc = subprocess.run([sys.executable, "-m", "moptd", "run", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"{bad}:3: key 'exporter.bogus': unknown key" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_config_env_variable(tmp_path, monkeypatch):
+    from moptd.config import find_config_path
+
+    f = tmp_path / "c.yaml"
+    monkeypatch.setenv("MOPTD_CONFIG", str(f))
+    assert find_config_path(None) == f
+    assert find_config_path("/x.yaml").as_posix() == "/x.yaml"

@@ -1,0 +1,163 @@
+"""Signal store and window functions, on virtual time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moptd.clock import VirtualClock
+from moptd.observations import Batch, Event, Sample
+from moptd.store import Series, SignalStore
+
+
+def series_of(points: list[tuple[float, float]]) -> Series:
+    s = Series()
+    for t, v in points:
+        s.append(t, v)
+    return s
+
+
+def test_unchanged_values_cost_one_point_but_advance_last_seen():
+    s = series_of([(t, 5.0) for t in range(100)])
+    assert len(s) == 1
+    assert s.last_seen == 99
+    assert s.avg(99, 50) == 5.0
+
+
+def test_time_weighted_average_of_a_step():
+    # 0 for 30 s then 10 for 30 s: the mean over the minute is 5
+    s = series_of([(0, 0.0), (30, 10.0), (60, 10.0)])
+    assert s.avg(60, 60) == pytest.approx(5.0)
+    assert s.min(60, 60) == 0.0
+    assert s.max(60, 60) == 10.0
+
+
+def test_window_starts_with_the_value_in_effect():
+    s = series_of([(0, 1.0), (100, 2.0), (200, 2.0)])
+    # [150, 200]: the value 2 has held since 100
+    assert s.avg(200, 50) == 2.0
+    assert s.min(200, 50) == 2.0
+
+
+def test_increase_is_reset_aware():
+    # counter 10 -> 20 -> reset to 3 -> 8: increases 10 + 3 + 5
+    s = series_of([(0, 10.0), (10, 20.0), (20, 3.0), (30, 8.0)])
+    assert s.increase(30, 60) == pytest.approx(18.0)
+    assert s.rate(30, 60) == pytest.approx(18.0 / 30)
+
+
+def test_rate_of_a_single_observation_is_unknown():
+    s = series_of([(10, 5.0)])
+    assert s.rate(10, 60) is None
+
+
+def test_slope_of_a_ramp():
+    s = series_of([(t, 2.0 * t) for t in range(0, 61, 5)])
+    assert s.slope(60, 60) == pytest.approx(2.0)
+
+
+def test_quantile_is_time_weighted():
+    # 1 for 90 s, 100 for 10 s
+    s = series_of([(0, 1.0), (90, 100.0), (100, 100.0)])
+    assert s.quantile(0.5, 100, 100) == 1.0
+    assert s.quantile(0.95, 100, 100) == 100.0
+
+
+def test_no_evidence_in_window_is_unknown_not_zero():
+    s = series_of([(0, 1.0)])
+    assert s.avg(1000, 60) is None
+    assert s.increase(1000, 60) is None
+    assert Series().last() is None
+
+
+def test_max_points_bounds_memory():
+    s = Series(max_points=100)
+    for t in range(10_000):
+        s.append(float(t), float(t))
+    assert len(s) == 100
+    assert s.points()[0] == (9900.0, 9900.0)
+
+
+def test_store_snapshot_drops_departed_subjects():
+    clock = VirtualClock(1000)
+    store = SignalStore(clock)
+    b1 = Batch([Sample("gpu.util", "gpu:0", 0.5), Sample("gpu.util", "gpu:1", 0.7)])
+    store.ingest("nvml", b1)
+    assert {s.subject for s in store.snapshot().samples} == {"gpu:0", "gpu:1"}
+    clock.advance(1)
+    store.ingest("nvml", Batch([Sample("gpu.util", "gpu:0", 0.6)]))
+    assert {s.subject for s in store.snapshot().samples} == {"gpu:0"}
+    # history stays for the rules
+    assert store.series("gpu.util", "gpu:1") is not None
+
+
+def test_failed_source_leaves_the_snapshot():
+    store = SignalStore(VirtualClock(0))
+    store.ingest("host", Batch([Sample("node.load1", "node", 1.0)]))
+    store.drop_source("host")
+    assert store.snapshot().samples == ()
+    assert store.latest("node.load1", "node") == 1.0
+
+
+def test_text_and_unsupported_values():
+    store = SignalStore(VirtualClock(0))
+    store.ingest("x", Batch([Sample("gpu.info", "gpu:0", "H200"),
+                             Sample("gpu.power", "gpu:0", None)]))
+    assert store.latest("gpu.info", "gpu:0") == "H200"
+    assert store.latest("gpu.power", "gpu:0") is None
+
+
+def test_events_count_in_window_with_predicate():
+    clock = VirtualClock(1000)
+    store = SignalStore(clock)
+    store.add_events([
+        Event("kernel.xid", "gpu:0", 100, {"code": 13}),
+        Event("kernel.xid", "gpu:0", 950, {"code": 48}),
+        Event("kernel.xid", "gpu:1", 990, {"code": 48}),
+    ])
+    assert store.count_events("kernel.xid", 600) == 2
+    assert store.count_events("kernel.xid", 600, subject="gpu:0") == 1
+    assert store.count_events("kernel.xid", 1000, where=lambda e: e.fields["code"] == 13) == 1
+
+
+def test_retention_evicts_old_series_and_events():
+    clock = VirtualClock(0)
+    store = SignalStore(clock, retention=100)
+    store.ingest("a", Batch([Sample("node.load1", "node", 1.0)],
+                            [Event("kernel.xid", "gpu:0", 0, {})]), t=0)
+    store.evict(500)
+    assert store.series("node.load1", "node") is None
+    assert len(store.events("kernel.xid")) == 0
+
+
+def test_event_log_is_bounded():
+    store = SignalStore(VirtualClock(0), max_events=10)
+    store.add_events(Event("kernel.xid", "gpu:0", float(i), {}) for i in range(100))
+    assert len(store.events("kernel.xid")) == 10
+    assert store.stats()["events_dropped"] == 90
+
+
+finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.floats(0, 1e5), finite), max_size=50),
+       st.floats(0, 2e5), st.floats(0.001, 1e5))
+def test_window_functions_never_raise_and_stay_in_range(points, now, window):
+    s = series_of(sorted(points))
+    values = [v for _, v in points]
+    for fn in (s.avg, s.min, s.max):
+        r = fn(now, window)
+        if r is not None:
+            assert min(values) - 1e-6 * (abs(min(values)) + 1) <= r
+            assert r <= max(values) + 1e-6 * (abs(max(values)) + 1)
+    for fn in (s.increase, s.rate, s.slope):
+        r = fn(now, window)
+        assert r is None or not math.isnan(r)
+    inc = s.increase(now, window)
+    assert inc is None or inc >= 0 or any(v < 0 for v in values)
+    q = s.quantile(0.9, now, window)
+    assert q is None or q in values
