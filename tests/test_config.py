@@ -36,7 +36,8 @@ def test_overrides_and_durations():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("exporter:\n  listn: x\n", "moptd.yaml:2: key 'exporter.listn': unknown key (known here: listen)"),
+        ("exporter:\n  listn: x\n",
+         "moptd.yaml:2: key 'exporter.listn': unknown key (known here: listen)"),
         ("log_level: 3\n", "moptd.yaml:1: key 'log_level': must be string, not 3"),
         ("collectors:\n  host:\n    enabled: yes please\n",
          "moptd.yaml:3: key 'collectors.host.enabled': must be true/false, not 'yes please'"),

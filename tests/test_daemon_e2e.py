@@ -30,7 +30,8 @@ def test_serves_metrics_within_5s_with_host_metrics_and_nvml_unavailable(tmp_pat
         assert 'moptd_collector_unavailable{collector="nvml"} 1.0' in text
         samples = [line for line in text.splitlines() if not line.startswith("#")]
         assert not any(line.startswith("moptd_gpu_") for line in samples), "no GPU here"
-    assert d.proc is not None and d.proc.returncode == 0, d.log()
+    assert d.proc is not None
+    assert d.proc.returncode == 0, d.log()
 
 
 def test_promtool_accepts_a_live_scrape(tmp_path):

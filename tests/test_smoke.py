@@ -1,12 +1,13 @@
+import pytest
+
 from moptd.catalog import CATALOG
 from moptd.cli import main
 
 
 def test_version(capsys):
-    try:
+    with pytest.raises(SystemExit) as exc:
         main(["--version"])
-    except SystemExit as exc:
-        assert exc.code == 0
+    assert exc.value.code == 0
     assert "moptd" in capsys.readouterr().out
 
 
