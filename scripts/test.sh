@@ -8,6 +8,6 @@ if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
-"$VENV/bin/ruff" check moptd tests bench
+"$VENV/bin/ruff" check moptd tests bench tools
 "$VENV/bin/mypy"
 exec "$VENV/bin/pytest" "$@"
