@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client.aiohttp import make_aiohttp_handler
 
 from moptd.collectors.base import Collector, CollectorContext, load_all
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
-from moptd.daemon.exporter import make_registry
+from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.store import SignalStore
 
@@ -115,7 +114,7 @@ class Daemon:
         cfg = self.config
         if cfg.exporter_listen:
             app = web.Application()
-            app.router.add_get("/metrics", make_aiohttp_handler(make_registry(self.store)))
+            app.router.add_get("/metrics", MetricsEndpoint(self.store).handle)
             app.router.add_get("/", _landing)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()

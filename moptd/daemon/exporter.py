@@ -10,6 +10,8 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -93,3 +95,23 @@ def make_registry(store: SignalStore) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(store))
     return registry
+
+
+class MetricsEndpoint:
+    """GET /metrics: the text exposition of the latest snapshot, rendered once per
+    snapshot change and served from memory to every scrape in between."""
+
+    def __init__(self, store: SignalStore) -> None:
+        self.store = store
+        self.registry = make_registry(store)
+        self._version = -1
+        self._body = b""
+
+    def render(self) -> bytes:
+        if self._version != self.store.version:
+            self._body = generate_latest(self.registry)
+            self._version = self.store.version
+        return self._body
+
+    async def handle(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -83,6 +83,7 @@ class SignalStore:
         self._current: dict[str, Batch] = {}  # source -> its latest batch
         self._attrs: dict[str, dict[str, str]] = {}
         self._last_evict = -math.inf
+        self.version = 0  # bumped whenever the snapshot changes; lets readers cache
 
     # --- writing ---
 
@@ -96,6 +97,7 @@ class SignalStore:
         for subject, attrs in batch.attrs.items():
             self._attrs.setdefault(subject, {}).update(attrs)
         self._current[source] = batch
+        self.version += 1
         if now - self._last_evict > 60:
             self.evict(now)
 
@@ -123,7 +125,8 @@ class SignalStore:
     def drop_source(self, source: str) -> None:
         """A failed source's values leave the snapshot: stale numbers mislead more than
         absent ones. Its history stays for the rules."""
-        self._current.pop(source, None)
+        if self._current.pop(source, None) is not None:
+            self.version += 1
 
     def evict(self, now: float) -> None:
         horizon = now - self.retention
