@@ -84,6 +84,9 @@ class SignalStore:
         self._attrs: dict[str, dict[str, str]] = {}
         self._last_evict = -math.inf
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
+        # Called with each group of events as it is added (the findings database keeps
+        # every kernel/NVML event); a callback must be quick and must not raise.
+        self.event_listeners: list[Callable[[list[Event]], None]] = []
 
     # --- writing ---
 
@@ -116,11 +119,15 @@ class SignalStore:
         series.append(t, float(v))
 
     def add_events(self, events: Iterable[Event]) -> None:
-        for ev in events:
+        added = list(events)
+        for ev in added:
             log = self._events.get(ev.stream)
             if log is None:
                 log = self._events[ev.stream] = EventLog(self.max_events)
             log.append(ev)
+        if added:
+            for listener in self.event_listeners:
+                listener(added)
 
     def drop_source(self, source: str) -> None:
         """A failed source's values leave the snapshot: stale numbers mislead more than
