@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moptd.collectors.base import load_all
 from moptd.config import ConfigError, load_config, parse_config
@@ -82,3 +84,40 @@ def test_config_env_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("MOPTD_CONFIG", str(f))
     assert find_config_path(None) == f
     assert find_config_path("/x.yaml").as_posix() == "/x.yaml"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_any_text_gives_a_config_or_a_config_error(text):
+    message = ""
+    try:
+        parse(text)
+    except ConfigError as exc:
+        message = str(exc)
+    assert not message or message.startswith("moptd.yaml")
+
+
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False)
+    | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.sampled_from(["exporter", "listen", "collectors", "host", "nvml",
+                                       "interval", "enabled", "store", "retention", "x"]),
+                      children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["exporter", "collectors", "store", "api", "host",
+                                        "paths", "log_level", "state_dir", "bogus"]),
+                       yaml_values, max_size=4))
+def test_any_structure_gives_a_config_or_a_config_error(data):
+    import yaml
+
+    message = ""
+    try:
+        parse(yaml.safe_dump(data))
+    except ConfigError as exc:
+        message = str(exc)
+    assert not message or "key '" in message or "YAML" in message
