@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import re
 
-_MEMINFO_LINE = re.compile(r"^(\w[\w()]*):\s+(\d+)(?:\s+kB)?\s*$")
+_MEMINFO_LINE = re.compile(r"^(\w[\w()]*):\s+([0-9]+)(?:\s+kB)?\s*$", re.ASCII)
+_INT = re.compile(r"-?[0-9]+")
+
+
+def _int(text: str) -> int | None:
+    """An ASCII decimal integer (str.isdigit would also accept '¹' and other digits)."""
+    return int(text) if _INT.fullmatch(text) else None
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -27,8 +33,9 @@ def parse_keyvalue_ints(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            out[parts[0]] = int(parts[1])
+        value = _int(parts[1]) if len(parts) == 2 else None
+        if value is not None:
+            out[parts[0]] = value
     return out
 
 
@@ -53,8 +60,8 @@ def parse_btime(text: str) -> int | None:
     for line in text.splitlines():
         if line.startswith("btime "):
             value = line.split()[1:2]
-            if value and value[0].isdigit():
-                return int(value[0])
+            if value:
+                return _int(value[0])
     return None
 
 
@@ -67,8 +74,7 @@ def parse_loadavg(text: str) -> tuple[float, float, float] | None:
 
 
 def parse_int(text: str) -> int | None:
-    s = text.strip()
-    return int(s) if s.lstrip("-").isdigit() else None
+    return _int(text.strip())
 
 
 def parse_df(text: str) -> list[dict[str, object]]:
@@ -80,16 +86,15 @@ def parse_df(text: str) -> list[dict[str, object]]:
     header = lines[0].split()
     block = 1024
     if len(header) > 1 and header[1].endswith("-blocks"):
-        size = header[1].split("-")[0]
-        block = int(size) if size.isdigit() else 1024
+        block = _int(header[1].split("-")[0]) or 1024
     for line in lines[1:]:
         parts = line.split()
         if len(parts) < 6:
             continue
-        try:
-            size_b, used_b, avail_b = (int(parts[i]) * block for i in (1, 2, 3))
-        except ValueError:
+        numbers = [_int(parts[i]) for i in (1, 2, 3)]
+        if any(n is None for n in numbers):
             continue
+        size_b, used_b, avail_b = (n * block for n in numbers if n is not None)
         out.append(
             {
                 "filesystem": parts[0],
