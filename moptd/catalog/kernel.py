@@ -1,5 +1,334 @@
-"""Kernel-log and driver-stack signals (filled in by the kernel/driver collectors)."""
+"""Kernel-log, driver-stack and container-runtime signals.
+
+Event streams come from the kernel collector (``kernel.*``); the ``driver.*`` facts from
+the driver collector and the ``container.*`` facts from the container collector. Info
+signals carry their text in labels and the value 1.
+"""
 
 from moptd.catalog import SignalSpec
 
-SIGNALS: list[SignalSpec] = []
+_XID_FIELDS = (
+    "code",
+    "pci_bus_id",
+    "uuid",
+    "pid",
+    "process",
+    "message",
+    "caused_by",
+    "gpu_instance",
+    "compute_instance",
+    "severity",
+    "container",
+    "incident",
+    "mnemonic",
+    "diagnoses",
+    "recovery_action",
+    "nvlink_unit",
+    "link",
+    "user",
+    "cmdline",
+    "pod_uid",
+)
+
+
+def _ev(name: str, subject: str, help: str, fields: tuple[str, ...]) -> SignalSpec:
+    return SignalSpec(name, "event", "", help, subject, None, (), "", fields)  # type: ignore[arg-type]
+
+
+SIGNALS = [
+    # --- kernel-log event streams (the log line itself is the event's text) ---
+    _ev(
+        "kernel.xid",
+        "gpu",
+        "An NVRM Xid line. Subject gpu:<index> when the PCI address maps to a known GPU, "
+        "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal).",
+        _XID_FIELDS,
+    ),
+    _ev(
+        "kernel.gpu_fallen_off_bus",
+        "gpu",
+        "The driver's 'fallen off the bus' message without an Xid (single- or multi-line).",
+        ("pci_bus_id", "pci_id", "uuid"),
+    ),
+    _ev(
+        "kernel.sxid",
+        "node",
+        "An NVSwitch SXid line; fatal is None when the line gives no severity.",
+        ("code", "pci_bus_id", "fatal", "device", "message"),
+    ),
+    _ev(
+        "kernel.api_mismatch",
+        "node",
+        "NVRM 'API mismatch': a user-space driver component of another version than the "
+        "kernel module.",
+        ("client_version", "kernel_version", "client", "pid"),
+    ),
+    _ev(
+        "kernel.module_load_failure",
+        "node",
+        "An NVIDIA kernel module failed to load or initialise (unknown symbol, version "
+        "magic, probe or RmInitAdapter failure).",
+        ("module", "reason", "pci_bus_id"),
+    ),
+    _ev(
+        "kernel.secure_boot_refused",
+        "node",
+        "Module loading refused by kernel lockdown or signature enforcement (Secure Boot).",
+        ("module", "process", "reason"),
+    ),
+    _ev(
+        "kernel.oom_kill",
+        "node",
+        "The kernel OOM killer killed a process (scope system or cgroup).",
+        ("pid", "process", "container", "pod_uid", "unit", "scope", "rss_bytes", "memcg"),
+    ),
+    _ev(
+        "kernel.pcie_aer",
+        "node",
+        "A PCIe AER error report; severity corrected, nonfatal or fatal; gpu set when the "
+        "device is a known GPU.",
+        ("pci_bus_id", "severity", "type", "gpu"),
+    ),
+    _ev(
+        "kernel.nccl_segfault",
+        "node",
+        "A process segfaulted inside libnccl.",
+        ("pid", "process", "library", "container", "user", "cmdline"),
+    ),
+    _ev(
+        "kernel.peermem_error",
+        "node",
+        "An nvidia-peermem (GPUDirect RDMA) error line.",
+        ("message",),
+    ),
+    # --- kernel-log counters ---
+    SignalSpec(
+        "kernel.records_read",
+        "counter",
+        "count",
+        "Kernel-log records read by moptd since it started.",
+        "node",
+        "moptd_kernel_records_read_total",
+    ),
+    SignalSpec(
+        "kernel.records_lost",
+        "counter",
+        "count",
+        "Kernel-log records overwritten in the ring buffer before moptd read them.",
+        "node",
+        "moptd_kernel_records_lost_total",
+    ),
+    SignalSpec(
+        "gpu.xid_errors",
+        "counter",
+        "count",
+        "Xid lines per GPU and code since moptd started: a true counter (repeats count, "
+        "it never holds a stale last value).",
+        "gpu",
+        "moptd_xid_errors_total",
+        ("xid",),
+        "DCGM_FI_DEV_XID_ERRORS",
+    ),
+    SignalSpec(
+        "gpu.xid_last_time",
+        "gauge",
+        "seconds",
+        "Unix time of the last Xid line seen for the GPU.",
+        "gpu",
+        "moptd_xid_last_timestamp_seconds",
+    ),
+    # --- driver stack ---
+    SignalSpec(
+        "driver.module_loaded",
+        "gauge",
+        "bool",
+        "1 when the kernel module is loaded (/proc/modules).",
+        "node",
+        "moptd_driver_module_loaded",
+        ("module",),
+    ),
+    SignalSpec(
+        "driver.kernel_module_version",
+        "info",
+        "",
+        "Version of the loaded nvidia kernel module (/proc/driver/nvidia/version); flavor "
+        "is open or proprietary.",
+        "node",
+        "moptd_driver_kernel_module_info",
+        ("version", "flavor"),
+    ),
+    SignalSpec(
+        "driver.user_space_version",
+        "info",
+        "",
+        "Version of the user-space driver (NVML, or nvidia-smi when NVML is unavailable).",
+        "node",
+        "moptd_driver_user_space_info",
+        ("version", "source"),
+    ),
+    SignalSpec(
+        "driver.nvml_version_match",
+        "gauge",
+        "bool",
+        "1 when the user-space driver version equals the kernel module version.",
+        "node",
+        "moptd_driver_version_match",
+    ),
+    SignalSpec(
+        "driver.dkms_kernel_match",
+        "gauge",
+        "bool",
+        "1 when DKMS has the nvidia module installed for the running kernel; absent without dkms.",
+        "node",
+        "moptd_driver_dkms_kernel_match",
+    ),
+    SignalSpec(
+        "driver.tainted",
+        "gauge",
+        "",
+        "The kernel taint bitmask (/proc/sys/kernel/tainted; 4096 = out-of-tree module).",
+        "node",
+        "moptd_kernel_taint_flags",
+    ),
+    SignalSpec(
+        "driver.secure_boot",
+        "gauge",
+        "bool",
+        "1 when UEFI Secure Boot is enabled; absent when the firmware does not say.",
+        "node",
+        "moptd_secure_boot_enabled",
+    ),
+    SignalSpec(
+        "driver.kernel_lockdown",
+        "gauge",
+        "bool",
+        "1 when kernel lockdown (integrity or confidentiality) is active.",
+        "node",
+        "moptd_kernel_lockdown_active",
+    ),
+    SignalSpec(
+        "driver.dev_node_present",
+        "gauge",
+        "bool",
+        "1 when the /dev/nvidia* node exists as a character device.",
+        "node",
+        "moptd_driver_dev_node_present",
+        ("node",),
+    ),
+    SignalSpec(
+        "driver.dev_node_mode",
+        "gauge",
+        "",
+        "Permission bits of the /dev/nvidia* node (e.g. 438 = 0666).",
+        "node",
+        "moptd_driver_dev_node_mode",
+        ("node",),
+    ),
+    SignalSpec(
+        "driver.dev_node_accessible",
+        "gauge",
+        "bool",
+        "1 when the configured serving user may open the node read-write (owner, group "
+        "and other bits; ACLs are not read).",
+        "node",
+        "moptd_driver_dev_node_accessible",
+        ("node", "user"),
+    ),
+    SignalSpec(
+        "driver.persistenced_running",
+        "gauge",
+        "bool",
+        "1 when nvidia-persistenced is running.",
+        "node",
+        "moptd_driver_persistenced_running",
+    ),
+    SignalSpec(
+        "driver.nvswitch_present",
+        "gauge",
+        "bool",
+        "1 when NVSwitch devices exist (/proc/driver/nvidia-nvswitch/devices).",
+        "node",
+        "moptd_driver_nvswitch_present",
+    ),
+    SignalSpec(
+        "driver.fabricmanager_running",
+        "gauge",
+        "bool",
+        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist.",
+        "node",
+        "moptd_driver_fabricmanager_running",
+    ),
+    SignalSpec(
+        "driver.gsp_firmware_version",
+        "info",
+        "",
+        "GSP firmware version per GPU (nvidia-smi -q); N/A where the GPU runs without GSP.",
+        "gpu",
+        "moptd_gpu_gsp_firmware_info",
+        ("version",),
+    ),
+    # --- container runtime ---
+    SignalSpec(
+        "container.engine_present",
+        "gauge",
+        "bool",
+        "1 when the container engine's binary or socket is present.",
+        "node",
+        "moptd_container_engine_present",
+        ("engine",),
+    ),
+    SignalSpec(
+        "container.nvidia_runtime_configured",
+        "gauge",
+        "bool",
+        "1 when the engine's configuration names the nvidia runtime (or enables CDI).",
+        "node",
+        "moptd_container_nvidia_runtime_configured",
+        ("engine",),
+    ),
+    SignalSpec(
+        "container.config_valid",
+        "gauge",
+        "bool",
+        "0 when a container configuration file or CDI spec cannot be parsed.",
+        "node",
+        "moptd_container_config_valid",
+        ("file",),
+    ),
+    SignalSpec(
+        "container.config_error",
+        "info",
+        "",
+        "Why a container configuration file or CDI spec is malformed (text; for rules).",
+        "node",
+        None,
+        ("file",),
+    ),
+    SignalSpec(
+        "container.cdi_spec_driver_match",
+        "gauge",
+        "bool",
+        "1 when the CDI spec names the running driver's version, 0 when another.",
+        "node",
+        "moptd_container_cdi_spec_driver_match",
+        ("file",),
+    ),
+    SignalSpec(
+        "container.cdi_spec",
+        "info",
+        "",
+        "A CDI spec: its kind and the driver version its library paths name.",
+        "node",
+        "moptd_container_cdi_spec_info",
+        ("file", "kind", "driver_version"),
+    ),
+    SignalSpec(
+        "container.toolkit_version",
+        "info",
+        "",
+        "nvidia-container-toolkit version (nvidia-ctk or nvidia-container-cli).",
+        "node",
+        "moptd_container_toolkit_info",
+        ("version",),
+    ),
+]

@@ -1,0 +1,387 @@
+"""Driver collector: is the NVIDIA driver stack whole and consistent?
+
+Loaded modules, kernel-module version against the user-space (NVML) version, DKMS build
+against the running kernel, taint, Secure Boot and lockdown, /dev/nvidia* nodes and
+whether the serving user can open them, nvidia-persistenced, fabric manager where
+NVSwitches exist, GSP firmware. The cheap facts (files under /proc, /sys and /dev) are
+read every pass; the costly ones (NVML init, ``dkms status``, ``nvidia-smi -q``) every
+``slow_interval``.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+import re
+import stat
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from moptd.collectors.base import Collector, CollectorContext, Option, Unavailable, register
+from moptd.kernel.patterns import normalise_bus
+from moptd.observations import NODE, Batch, gpu_subject, labels_of
+
+log = logging.getLogger(__name__)
+
+MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-e98c0e5b6a9a"
+_VERSION = re.compile(
+    r"NVRM version: NVIDIA UNIX (?P<open>Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+"
+    r"(?P<version>\d+\.\d+(?:\.\d+)?)"
+)
+_DKMS_TAIL = r", (?P<kernel>[^,\s]+)(?:, (?P<arch>[^:\s]+))?: (?P<status>.+)"
+_DKMS_NEW = re.compile(r"(?P<module>[^/,\s]+)/(?P<version>[^,\s]+)" + _DKMS_TAIL)
+_DKMS_OLD = re.compile(r"(?P<module>[^/,\s]+), (?P<version>[^,\s]+)" + _DKMS_TAIL)
+_SMI_GPU = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_SMI_GSP = re.compile(r"^\s*GSP Firmware Version\s*:\s*(?P<version>.+?)\s*$")
+_TOOL_TIMEOUT = 10.0
+
+
+# --- parsers (shared with bundle replay) ---------------------------------------------
+def parse_module_version(text: str) -> tuple[str, str] | None:
+    """/proc/driver/nvidia/version -> (version, flavor open|proprietary)."""
+    m = _VERSION.search(text)
+    if m is None:
+        return None
+    return m.group("version"), "open" if m.group("open") else "proprietary"
+
+
+def parse_proc_modules(text: str) -> set[str]:
+    return {line.split(" ", 1)[0] for line in text.splitlines() if line.strip()}
+
+
+@dataclass(frozen=True, slots=True)
+class DkmsEntry:
+    module: str
+    version: str
+    kernel: str
+    arch: str
+    status: str
+
+
+def parse_dkms_status(text: str) -> list[DkmsEntry]:
+    """``dkms status`` in the new (module/version, kernel, arch: status) and the old
+    (module, version, kernel, arch: status) layouts; other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        m = _DKMS_NEW.fullmatch(line) or _DKMS_OLD.fullmatch(line)
+        if m is None:
+            continue
+        out.append(
+            DkmsEntry(
+                m.group("module"),
+                m.group("version"),
+                m.group("kernel"),
+                m.group("arch") or "",
+                m.group("status").strip(),
+            )
+        )
+    return out
+
+
+def dkms_kernel_match(entries: list[DkmsEntry], kernel: str) -> bool | None:
+    """True: DKMS installed nvidia for the running kernel; False: only for others; None:
+    DKMS does not manage nvidia here."""
+    nvidia = [e for e in entries if e.module.startswith("nvidia")]
+    if not nvidia:
+        return None
+    return any(e.kernel == kernel and e.status.startswith("installed") for e in nvidia)
+
+
+def parse_gsp_versions(smi_q: str) -> dict[str, str]:
+    """``nvidia-smi -q`` text -> {pci bus id: GSP firmware version}."""
+    out: dict[str, str] = {}
+    bus = ""
+    for line in smi_q.splitlines():
+        m = _SMI_GPU.match(line)
+        if m is not None:
+            bus = normalise_bus(m.group("bus"))
+            continue
+        g = _SMI_GSP.match(line)
+        if g is not None and bus:
+            out[bus] = g.group("version")
+    return out
+
+
+def parse_secure_boot(data: bytes) -> bool | None:
+    # efivarfs: 4 bytes of attributes, then the value byte
+    if len(data) < 5:
+        return None
+    return data[4] == 1
+
+
+def user_can_open(st: os.stat_result, uid: int, gids: set[int]) -> bool:
+    """Read-write by permission bits, as the kernel decides for a non-root user."""
+    if uid == 0:
+        return True
+    mode = st.st_mode
+    if st.st_uid == uid:
+        return bool(mode & stat.S_IRUSR and mode & stat.S_IWUSR)
+    if st.st_gid in gids:
+        return bool(mode & stat.S_IRGRP and mode & stat.S_IWGRP)
+    return bool(mode & stat.S_IROTH and mode & stat.S_IWOTH)
+
+
+def user_ids(user: str) -> tuple[int, set[int]] | None:
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    gids = {pw.pw_gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    return pw.pw_uid, gids
+
+
+def running_commands(procfs: Path) -> set[str]:
+    """The comm of every process (truncated by the kernel to 15 characters)."""
+    names: set[str] = set()
+    try:
+        entries = list(procfs.iterdir())
+    except OSError:
+        return names
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            names.add((entry / "comm").read_text().strip())
+        except OSError:
+            continue
+    return names
+
+
+# --- GPU identity (also used by the kernel collector) --------------------------------
+def gpu_identities(procfs: Path) -> tuple[dict[str, int], dict[str, str], str]:
+    """(index by PCI bus id, UUID by bus id, user-space driver version) from NVML; where
+    NVML is absent, the GPUs under /proc/driver/nvidia/gpus in bus order (NVML's default
+    enumeration order) and no version."""
+    try:
+        from moptd.collectors.nvml_backend import NvmlBackend
+
+        backend = NvmlBackend()
+        backend.init()
+    except Exception as exc:  # noqa: BLE001 - no NVML here: fall back to /proc
+        log.debug("NVML unavailable for GPU identities: %s", exc)
+        return (*_proc_gpus(procfs), "")
+    try:
+        index: dict[str, int] = {}
+        uuid: dict[str, str] = {}
+        for i in range(backend.device_count()):
+            try:
+                s = backend.read_static(i)
+            except Exception:  # one lost GPU must not hide the others
+                log.debug("NVML static read of GPU %d failed", i, exc_info=True)
+                continue
+            if s.pci_bus_id:
+                bus = normalise_bus(s.pci_bus_id)
+                index[bus] = i
+                uuid[bus] = s.uuid
+        return index, uuid, backend.driver_version()
+    finally:
+        backend.shutdown()
+
+
+def _proc_gpus(procfs: Path) -> tuple[dict[str, int], dict[str, str]]:
+    base = procfs / "driver/nvidia/gpus"
+    try:
+        buses = sorted(normalise_bus(p.name) for p in base.iterdir())
+    except OSError:
+        return {}, {}
+    uuids: dict[str, str] = {}
+    for p in base.iterdir():
+        try:
+            info = (p / "information").read_text()
+        except OSError:
+            continue
+        m = re.search(r"GPU UUID:\s*(\S+)", info)
+        if m:
+            uuids[normalise_bus(p.name)] = m.group(1)
+    return {b: i for i, b in enumerate(buses)}, uuids
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        res = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_TOOL_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.debug("%s: %s", argv[0], exc)
+        return None
+    if res.returncode != 0:
+        log.debug("%s exited %d: %s", argv[0], res.returncode, res.stderr.strip()[:200])
+        return None
+    return res.stdout
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+@dataclass
+class _Slow:
+    at: float = -1e18
+    user_version: str = ""
+    user_source: str = ""
+    dkms: list[DkmsEntry] | None = None
+    gsp: dict[str, str] | None = None
+    index_by_bus: dict[str, int] | None = None
+
+
+@register
+class DriverCollector(Collector):
+    name = "driver"
+    default_interval = 30.0
+    default_timeout = 30.0
+    options: ClassVar[Mapping[str, Option]] = {
+        "serving_user": Option(
+            str, "", "User the serving engine runs as; /dev/nvidia* access is checked for it."
+        ),
+        "dev_dir": Option(
+            str, "/dev", "Where the /dev/nvidia* nodes live (tests point elsewhere)."
+        ),
+        "slow_interval": Option(
+            (int, float), 600, "Seconds between NVML, dkms and nvidia-smi -q reads."
+        ),
+        "use_tools": Option(bool, True, "Run dkms, nvidia-smi (false: files only)."),
+    }
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._slow = _Slow()
+
+    async def collect(self) -> Batch:
+        return await self.blocking(self._read)
+
+    def _read(self) -> Batch:
+        proc, sys = self.ctx.procfs, self.ctx.sysfs
+        modules_text = _read(proc / "modules")
+        if modules_text is None:
+            raise Unavailable(f"cannot read {proc / 'modules'}")
+        b = Batch()
+        loaded = parse_proc_modules(modules_text)
+        for module in MODULES:
+            b.add("driver.module_loaded", NODE, float(module in loaded), labels_of(module=module))
+        module_version: tuple[str, str] | None = None
+        text = _read(proc / "driver/nvidia/version")
+        if text is not None:
+            module_version = parse_module_version(text)
+        if module_version is None:
+            sys_version = (_read(sys / "module/nvidia/version") or "").strip()
+            if sys_version:
+                module_version = (sys_version, "")
+        if module_version is not None:
+            b.add(
+                "driver.kernel_module_version",
+                NODE,
+                1.0,
+                labels_of(version=module_version[0], flavor=module_version[1]),
+            )
+        self._refresh_slow(proc)
+        slow = self._slow
+        if slow.user_version:
+            b.add(
+                "driver.user_space_version",
+                NODE,
+                1.0,
+                labels_of(version=slow.user_version, source=slow.user_source),
+            )
+            if module_version is not None:
+                match = slow.user_version == module_version[0]
+                b.add("driver.nvml_version_match", NODE, float(match))
+        kernel = (_read(proc / "sys/kernel/osrelease") or os.uname().release).strip()
+        if slow.dkms is not None:
+            verdict = dkms_kernel_match(slow.dkms, kernel)
+            if verdict is not None:
+                b.add("driver.dkms_kernel_match", NODE, float(verdict))
+        tainted = (_read(proc / "sys/kernel/tainted") or "").strip()
+        if tainted.isdigit():
+            b.add("driver.tainted", NODE, float(int(tainted)))
+        try:
+            sb = parse_secure_boot((sys / "firmware/efi/efivars" / SECURE_BOOT_VAR).read_bytes())
+        except OSError:
+            sb = None
+        if sb is not None:
+            b.add("driver.secure_boot", NODE, float(sb))
+        lockdown = _read(sys / "kernel/security/lockdown")
+        if lockdown is not None:
+            m = re.search(r"\[(\w+)\]", lockdown)
+            if m:
+                b.add("driver.kernel_lockdown", NODE, float(m.group(1) != "none"))
+        self._dev_nodes(b, loaded)
+        commands = running_commands(proc)
+        b.add("driver.persistenced_running", NODE, float("nvidia-persiste" in commands))
+        try:
+            nvswitch = any((proc / "driver/nvidia-nvswitch/devices").iterdir())
+        except OSError:
+            nvswitch = False
+        b.add("driver.nvswitch_present", NODE, float(nvswitch))
+        if nvswitch:
+            b.add("driver.fabricmanager_running", NODE, float("nv-fabricmanage" in commands))
+        for bus, version in (slow.gsp or {}).items():
+            index = (slow.index_by_bus or {}).get(bus)
+            subject = gpu_subject(index if index is not None else bus)
+            b.add("driver.gsp_firmware_version", subject, 1.0, labels_of(version=version))
+        return b
+
+    def _refresh_slow(self, proc: Path) -> None:
+        now = time.monotonic()
+        if now - self._slow.at < float(self.option("slow_interval")):
+            return
+        slow = _Slow(at=now)
+        index, _, version = gpu_identities(proc)
+        slow.index_by_bus = index
+        if version:
+            slow.user_version, slow.user_source = version, "nvml"
+        if self.option("use_tools"):
+            if not version:
+                out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+                if out and out.strip():
+                    slow.user_version = out.strip().splitlines()[0].strip()
+                    slow.user_source = "nvidia-smi"
+            dkms = _run(["dkms", "status"])
+            slow.dkms = None if dkms is None else parse_dkms_status(dkms)
+            smi = _run(["nvidia-smi", "-q"])
+            slow.gsp = None if smi is None else parse_gsp_versions(smi)
+        self._slow = slow
+
+    def _dev_nodes(self, b: Batch, loaded: set[str]) -> None:
+        dev = Path(self.option("dev_dir"))
+        expected = ["nvidiactl", "nvidia-uvm"]
+        if "nvidia_modeset" in loaded:
+            expected.append("nvidia-modeset")
+        try:
+            present = sorted(
+                p.name
+                for p in dev.iterdir()
+                if re.fullmatch(r"nvidia(\d+|ctl|-uvm(-tools)?|-modeset)", p.name)
+            )
+        except OSError:
+            present = []
+        user = str(self.option("serving_user"))
+        ids = user_ids(user) if user else None
+        if user and ids is None:
+            log.debug("serving_user %s does not exist", user)
+        for name in sorted(set(expected) | set(present)):
+            try:
+                st = os.stat(dev / name)
+            except OSError:
+                b.add("driver.dev_node_present", NODE, 0.0, labels_of(node=name))
+                continue
+            is_chr = stat.S_ISCHR(st.st_mode)
+            b.add("driver.dev_node_present", NODE, float(is_chr), labels_of(node=name))
+            b.add(
+                "driver.dev_node_mode", NODE, float(stat.S_IMODE(st.st_mode)), labels_of(node=name)
+            )
+            if ids is not None:
+                ok = is_chr and user_can_open(st, ids[0], ids[1])
+                b.add(
+                    "driver.dev_node_accessible", NODE, float(ok), labels_of(node=name, user=user)
+                )

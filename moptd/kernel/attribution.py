@@ -1,0 +1,95 @@
+"""Turn matches into attributed events: PCI address -> GPU index and UUID, pid -> process,
+user and container, Xid -> incident.
+
+Live, the pid is looked up in /proc at once (the process may exit a moment later); in
+replay no procfs is given, since a bundle's pids belong to another host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from moptd.kernel.incidents import IncidentTracker
+from moptd.kernel.logparse import KernelRecord
+from moptd.kernel.patterns import KernelMatcher, Match, normalise_bus
+from moptd.kernel.xid import xid_info
+from moptd.observations import NODE, Event, gpu_subject
+
+_GPU_STREAMS = frozenset({"kernel.xid", "kernel.gpu_fallen_off_bus"})
+
+
+class Attributor:
+    def __init__(
+        self,
+        gpu_index_by_bus: Mapping[str, int] | None = None,
+        uuid_by_bus: Mapping[str, str] | None = None,
+        procfs: Path | None = None,
+        incidents: IncidentTracker | None = None,
+    ) -> None:
+        self.matcher = KernelMatcher()
+        self.incidents = incidents or IncidentTracker()
+        self.procfs = procfs
+        self.gpu_index_by_bus: dict[str, int] = {}
+        self.uuid_by_bus: dict[str, str] = {}
+        self.set_gpus(gpu_index_by_bus or {}, uuid_by_bus or {})
+
+    def set_gpus(self, index_by_bus: Mapping[str, int], uuid_by_bus: Mapping[str, str]) -> None:
+        self.gpu_index_by_bus = {normalise_bus(k): v for k, v in index_by_bus.items()}
+        self.uuid_by_bus = {normalise_bus(k): v for k, v in uuid_by_bus.items()}
+
+    def gpu_subject_for(self, bus: str) -> str:
+        index = self.gpu_index_by_bus.get(bus)
+        return gpu_subject(index if index is not None else bus)
+
+    def uuid_for(self, bus: str) -> str:
+        return self.uuid_by_bus.get(bus) or self.matcher.uuid_by_bus.get(bus, "")
+
+    def events(self, rec: KernelRecord, default_time: float = 0.0) -> list[Event]:
+        t = rec.t if rec.t is not None else default_time
+        return [self.event(m, t, rec.t) for m in self.matcher.feed(rec.text)]
+
+    def flush(self, t: float) -> list[Event]:
+        return [self.event(m, t, t) for m in self.matcher.flush()]
+
+    def event(self, m: Match, t: float, known_t: float | None) -> Event:
+        fields: dict[str, Any] = dict(m.fields)
+        subject = NODE
+        bus = str(fields.get("pci_bus_id") or "")
+        if m.stream in _GPU_STREAMS:
+            subject = self.gpu_subject_for(bus)
+            fields["uuid"] = self.uuid_for(bus)
+        elif bus and bus in self.gpu_index_by_bus:
+            fields["gpu"] = self.gpu_index_by_bus[bus]
+        pid = fields.get("pid")
+        if isinstance(pid, int) and m.stream in ("kernel.xid", "kernel.nccl_segfault"):
+            self._attribute_process(fields, pid)
+        if m.stream == "kernel.xid":
+            code = int(fields["code"])
+            info = xid_info(code)
+            fields["mnemonic"] = info.mnemonic
+            fields["diagnoses"] = list(info.diagnoses)
+            fields.setdefault("container", "")
+            caused_by = fields.get("caused_by")
+            fields["incident"] = self.incidents.assign(
+                subject, known_t, code, caused_by if isinstance(caused_by, int) else None
+            )
+        return Event(m.stream, subject, t, fields, m.text)
+
+    def _attribute_process(self, fields: dict[str, Any], pid: int) -> None:
+        if self.procfs is None:
+            return
+        from moptd.collectors.proc_info import process_info  # see patterns._parse_cgroup
+
+        info = process_info(pid, self.procfs)
+        if info is None:
+            return
+        if not fields.get("process"):
+            fields["process"] = info.name
+        fields["cmdline"] = info.cmdline[:512]
+        fields["user"] = info.user
+        fields["container"] = info.container_id
+        fields["container_runtime"] = info.container_runtime
+        fields["pod_uid"] = info.pod_uid
+        fields["unit"] = info.unit

@@ -1,0 +1,244 @@
+"""Kernel-log records from any of the formats a person or a tool hands us.
+
+One parser serves the live follower (raw /dev/kmsg records) and bundle replay (a
+``dmesg``, ``dmesg -T``, ``journalctl -k`` or syslog paste), detecting the format per line
+so that a file mixing formats still parses. Nothing here raises on bad input: a line that
+is not a record becomes a record without a time, and every text is capped in length so a
+pathological line cannot grow memory without bound.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from moptd.observations import Event
+
+MAX_TEXT = 8192  # a kernel record is at most ~1 KiB; more is a paste accident
+MAX_DICT = 16  # kmsg dictionary entries kept per record
+
+_RAW = re.compile(
+    r"(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<us>\d{1,20}),(?P<rest>[^;]*);(?P<msg>.*)"
+)
+_DMESG = re.compile(r"(?:<(?P<pri>\d{1,4})>)?\[\s*(?P<ts>\d{1,12}\.\d{1,9})\]\s?(?P<msg>.*)")
+_DMESG_T = re.compile(
+    r"\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]?\d \d{2}:\d{2}:\d{2} \d{4})\]\s?(?P<msg>.*)"
+)
+_ISO = re.compile(
+    r"(?P<ts>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)"
+    r" (?P<host>\S+) (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)"
+)
+_SHORT = re.compile(
+    r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) (?P<host>\S+) (?P<tag>[^\s:\[]+)"
+    r"(?:\[\d+\])?: ?(?P<msg>.*)"
+)
+_PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
+_HEX_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
+@dataclass(slots=True)
+class KernelRecord:
+    """One kernel-log record. ``t`` is Unix seconds when known; ``uptime`` seconds since boot."""
+
+    text: str
+    t: float | None = None
+    uptime: float | None = None
+    seq: int | None = None
+    level: int | None = None
+    facility: int | None = None
+    fmt: str = "plain"
+    line: int = 0  # 1-based line of the source where the record starts (0: live)
+    meta: dict[str, str] = field(default_factory=dict)  # kmsg dictionary (SUBSYSTEM, DEVICE)
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT]
+
+
+def _unescape_kmsg(text: str) -> str:
+    # /dev/kmsg escapes non-printable bytes (newlines inside a record) as \xNN
+    if "\\x" not in text:
+        return text
+    return _HEX_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+
+
+def parse_raw_record(data: str, boot_time: float | None = None, line: int = 0) -> KernelRecord:
+    """One /dev/kmsg record: ``PRI,SEQ,USEC,FLAGS[,..];message`` then `` KEY=value`` lines."""
+    head, _, tail = data.partition("\n")
+    m = _RAW.fullmatch(head.rstrip("\r"))
+    if m is None:
+        return KernelRecord(_cap(head), line=line)
+    pri = int(m.group("pri"))
+    uptime = int(m.group("us")) / 1e6
+    rec = KernelRecord(
+        _cap(_unescape_kmsg(m.group("msg"))),
+        t=None if boot_time is None else boot_time + uptime,
+        uptime=uptime,
+        seq=int(m.group("seq")),
+        level=pri & 7,
+        facility=pri >> 3,
+        fmt="kmsg",
+        line=line,
+    )
+    for entry in tail.split("\n"):
+        add_dict_entry(rec, entry)
+    return rec
+
+
+def add_dict_entry(rec: KernelRecord, entry: str) -> None:
+    key, sep, value = entry.strip().partition("=")
+    if sep and key and len(rec.meta) < MAX_DICT:
+        rec.meta[key[:64]] = _unescape_kmsg(value[:256])
+
+
+def _dmesg_t_time(ts: str) -> float | None:
+    # dmesg -T prints local time without a zone; bundles are taken to be UTC (docs/xid.md)
+    try:
+        dt = datetime.strptime(" ".join(ts.split()) + " +0000", "%a %b %d %H:%M:%S %Y %z")
+    except ValueError:
+        return None
+    return dt.timestamp()
+
+
+def _iso_time(ts: str) -> float | None:
+    try:
+        dt = datetime.fromisoformat(ts.replace(",", ".").replace(" ", "T", 1))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _short_time(ts: str, year: int) -> float | None:
+    try:
+        dt = datetime.strptime(f"{year} {' '.join(ts.split())} +0000", "%Y %b %d %H:%M:%S %z")
+    except ValueError:
+        return None
+    return dt.timestamp()
+
+
+def _syslog_text(msg: str) -> str:
+    # rsyslog escapes control characters as #NNN (octal): #012 is a newline
+    msg = msg.replace("#012", "\n").replace("#011", "\t")
+    return _PRINTK_TIME.sub("", msg, count=1) if msg.startswith("[") else msg
+
+
+def parse_line(
+    line: str, boot_time: float | None = None, year: int | None = None, line_no: int = 0
+) -> KernelRecord | None:
+    """One line in any supported format; None for lines that are not kernel records
+    (another program's syslog line, a journal banner)."""
+    line = line.rstrip("\r\n")
+    if len(line) > MAX_TEXT * 2:
+        line = line[: MAX_TEXT * 2]
+    if not line.strip() or line.startswith("-- "):
+        return None
+    if line[0].isdigit():
+        m = _RAW.fullmatch(line)
+        if m is not None:
+            return parse_raw_record(line, boot_time, line_no)
+        m = _ISO.fullmatch(line)
+        if m is not None:
+            if m.group("tag") != "kernel":
+                return None
+            return KernelRecord(
+                _cap(_syslog_text(m.group("msg"))),
+                _iso_time(m.group("ts")),
+                fmt="iso",
+                line=line_no,
+            )
+    elif line[0] in "[<":
+        m = _DMESG.fullmatch(line)
+        if m is not None:
+            uptime = float(m.group("ts"))
+            pri = m.group("pri")
+            return KernelRecord(
+                _cap(m.group("msg")),
+                None if boot_time is None else boot_time + uptime,
+                uptime,
+                level=None if pri is None else int(pri) & 7,
+                facility=None if pri is None else int(pri) >> 3,
+                fmt="dmesg",
+                line=line_no,
+            )
+        m = _DMESG_T.fullmatch(line)
+        if m is not None:
+            return KernelRecord(
+                _cap(m.group("msg")), _dmesg_t_time(m.group("ts")), fmt="dmesg-T", line=line_no
+            )
+    elif line[0].isupper():
+        m = _SHORT.fullmatch(line)
+        if m is not None:
+            if m.group("tag") != "kernel":
+                return None
+            y = year if year is not None else datetime.now(UTC).year
+            return KernelRecord(
+                _cap(_syslog_text(m.group("msg"))),
+                _short_time(m.group("ts"), y),
+                fmt="syslog",
+                line=line_no,
+            )
+    return KernelRecord(_cap(line), fmt="plain", line=line_no)
+
+
+def parse_kernel_log(
+    text: str, boot_time: float | None = None, year: int | None = None
+) -> list[KernelRecord]:
+    """Every record of a kernel log in any supported format (auto-detected per line).
+
+    ``boot_time`` (Unix seconds) turns seconds-since-boot into wall time; ``year`` dates
+    the year-less ``journalctl -k``/syslog stamps (default: the current year). Indented
+    lines continue the record above: kmsg dictionary entries (`` DEVICE=+pci:...``) or
+    further lines of a multi-line message.
+    """
+    out: list[KernelRecord] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if out and raw[:1] in (" ", "\t") and raw.strip():
+            prev = out[-1]
+            if prev.fmt == "kmsg":
+                add_dict_entry(prev, raw)
+                continue
+            if prev.fmt != "plain":
+                if len(prev.text) < MAX_TEXT:
+                    prev.text = _cap(prev.text + "\n" + raw.strip())
+                continue
+        rec = parse_line(raw, boot_time, year, n)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def read_kernel_log(
+    path: Path, boot_time: float | None = None, year: int | None = None
+) -> list[KernelRecord]:
+    """A kernel-log file; undecodable bytes are replaced, never fatal."""
+    return parse_kernel_log(path.read_bytes().decode("utf-8", "replace"), boot_time, year)
+
+
+def records_to_events(
+    records: Iterable[KernelRecord],
+    gpu_index_by_bus: Mapping[str, int] | None = None,
+    *,
+    uuid_by_bus: Mapping[str, str] | None = None,
+    procfs: Path | None = None,
+    default_time: float = 0.0,
+) -> list[Event]:
+    """Parsed, attributed events (kernel.xid, kernel.oom_kill, ...) of a run of records.
+
+    A record without a time gets ``default_time`` (replay: its first step). ``procfs`` is
+    given only live: a bundle's pids belong to another host.
+    """
+    from moptd.kernel.attribution import Attributor
+
+    attributor = Attributor(gpu_index_by_bus or {}, uuid_by_bus or {}, procfs)
+    events: list[Event] = []
+    last = default_time
+    for rec in records:
+        events.extend(attributor.events(rec, default_time))
+        last = rec.t if rec.t is not None else last
+    events.extend(attributor.flush(last))  # a message cut off at the end of the log
+    return events
