@@ -78,6 +78,9 @@ class SignalStore:
         self.max_points = max_points
         self.max_events = max_events
         self._series: dict[SeriesKey, Series] = {}
+        # (signal, subject) -> {labels: series}: rules look series up by these hundreds
+        # of times a tick
+        self._index: dict[tuple[str, str], dict[Labels, Series]] = {}
         self._text: dict[SeriesKey, tuple[float, str | None]] = {}
         self._events: dict[str, EventLog] = {}
         self._current: dict[str, Batch] = {}  # source -> its latest batch
@@ -116,6 +119,7 @@ class SignalStore:
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = Series(self.max_points)
+            self._index.setdefault((s.signal, s.subject), {})[s.labels] = series
         series.append(t, float(v))
 
     def add_events(self, events: Iterable[Event]) -> None:
@@ -139,6 +143,11 @@ class SignalStore:
         horizon = now - self.retention
         for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
             del self._series[key]
+            per_subject = self._index.get((key[0], key[1]))
+            if per_subject is not None:
+                per_subject.pop(key[2], None)
+                if not per_subject:
+                    del self._index[(key[0], key[1])]
         for s in self._series.values():
             s.evict_before(horizon)
         for key in [k for k, (t, _) in self._text.items() if t < horizon]:
@@ -167,7 +176,7 @@ class SignalStore:
 
     def series_for(self, signal: str, subject: str) -> list[tuple[Labels, Series]]:
         """Every label set of a signal on one subject (e.g. clock_event_active by reason)."""
-        return [(k[2], s) for k, s in self._series.items() if k[0] == signal and k[1] == subject]
+        return list(self._index.get((signal, subject), {}).items())
 
     def text(self, signal: str, subject: str, labels: Labels = ()) -> str | None:
         entry = self._text.get((signal, subject, labels))
@@ -185,6 +194,13 @@ class SignalStore:
     def subjects(self, kind: str | None = None) -> list[str]:
         seen = {k[1] for k in self._series} | {k[1] for k in self._text} | set(self._attrs)
         return sorted(s for s in seen if kind is None or subject_kind(s) == kind)
+
+    def signal_subjects(self, signal: str) -> list[str]:
+        """Subjects that have at least one series of the signal."""
+        return sorted({subject for (sig, subject) in self._index if sig == signal})
+
+    def streams(self) -> list[str]:
+        return list(self._events)
 
     def events(self, stream: str) -> EventLog:
         log = self._events.get(stream)

@@ -12,6 +12,7 @@ caller turns that into *unknown*, never into a healthy zero.
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 
@@ -81,18 +82,12 @@ class Series:
         start = now - window
         if self.last_seen < start:
             return None
-        out: list[tuple[float, float]] = []
-        prev: tuple[float, float] | None = None
-        for i in range(self._start, len(self._t)):
-            t = self._t[i]
-            if t > now:
-                break
-            if t <= start:
-                prev = (t, self._v[i])
-                continue
-            out.append((t, self._v[i]))
-        if prev is not None:
-            out.insert(0, (start, prev[1]))
+        # a point exactly at the window's start counts as the value carried in
+        lo = bisect.bisect_right(self._t, start, self._start)
+        hi = bisect.bisect_right(self._t, now, lo)
+        out = list(zip(self._t[lo:hi], self._v[lo:hi], strict=True))
+        if lo > self._start:
+            out.insert(0, (start, self._v[lo - 1]))
         return out or None
 
     def _segments(self, now: float, window: float) -> list[tuple[float, float]] | None:
@@ -157,15 +152,22 @@ class Series:
             return None
         if self.last_seen > pts[-1][0]:
             pts = [*pts, (min(now, self.last_seen), pts[-1][1])]
-        if len(pts) < 2:
-            return None
         n = len(pts)
-        mt = sum(t for t, _ in pts) / n
-        mv = sum(v for _, v in pts) / n
-        var = sum((t - mt) ** 2 for t, _ in pts)
-        if var == 0:
+        if n < 2:
             return None
-        return sum((t - mt) * (v - mv) for t, v in pts) / var
+        # one pass over times shifted to the first point (keeps the sums well conditioned)
+        t0 = pts[0][0]
+        st = sv = stt = stv = 0.0
+        for t, v in pts:
+            x = t - t0
+            st += x
+            sv += v
+            stt += x * x
+            stv += x * v
+        var = stt - st * st / n
+        if var <= 0:
+            return None
+        return (stv - st * sv / n) / var
 
     def quantile(self, q: float, now: float, window: float) -> float | None:
         """Time-weighted quantile (0 <= q <= 1) of the value over the window."""

@@ -1,0 +1,80 @@
+"""`moptd rules check|test [PATH...]`: lint rule files, run rule tests (both run in CI)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from moptd.cli import EXIT_USAGE
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("rules", help="check and test diagnosis rules")
+    rsub = p.add_subparsers(dest="rules_command", metavar="ACTION")
+    check = rsub.add_parser(
+        "check", help="schema, unknown signals and names, unreachable branches, codes"
+    )
+    check.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="rule files or directories "
+        "(default: the shipped rules); later paths override earlier ones by id",
+    )
+    check.set_defaults(func=cmd_check)
+    test = rsub.add_parser("test", help="run *.test.yaml rule tests (promtool-style)")
+    test.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="test files or directories (default: the shipped rules)",
+    )
+    test.add_argument(
+        "--no-coverage",
+        action="store_true",
+        help="do not require a firing and a silent test for every stable rule",
+    )
+    test.set_defaults(func=cmd_test)
+    p.set_defaults(func=lambda args: _usage(p))
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _paths(args: argparse.Namespace) -> list[Path]:
+    from moptd.diagnose.loader import default_rules_dir
+
+    return [Path(p) for p in args.paths] or [default_rules_dir()]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from moptd.diagnose.lint import lint
+
+    paths = _paths(args)
+    errors, rules = lint(paths)
+    for e in errors:
+        print(e, file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{rules} rules OK")
+    return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from moptd.diagnose.testing import run_tests
+
+    report = run_tests(_paths(args), require_coverage=not args.no_coverage)
+    for e in report.errors:
+        print(e, file=sys.stderr)
+    for f in report.failures:
+        print(f"FAIL {f}", file=sys.stderr)
+    status = "OK" if report.ok else "FAILED"
+    print(
+        f"{report.tests} tests in {report.files} files: {len(report.failures)} failed, "
+        f"{len(report.errors)} errors: {status}"
+    )
+    return 0 if report.ok else 1

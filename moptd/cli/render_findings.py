@@ -1,0 +1,79 @@
+"""Rich rendering of findings for `moptd replay` (and later `moptd explain`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from rich.console import Console
+from rich.text import Text
+from rich.tree import Tree
+
+from moptd.diagnose.engine import fmt
+from moptd.diagnose.replay import ReplayReport
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _time(t: object) -> str:
+    if not isinstance(t, int | float):
+        return "?"
+    return datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def render_replay(report: ReplayReport, console: Console | None = None) -> None:
+    out = console or Console(width=None if Console().is_terminal else 100)
+    host = report.meta.get("host")
+    head = f"Replay of {report.bundle}" + (f" (host {host})" if host else "")
+    out.print(Text(head, style="bold"))
+    out.print(
+        f"{report.steps} steps; missing evidence: {', '.join(report.missing_evidence) or 'none'}"
+    )
+    if not report.findings:
+        out.print(Text("No findings.", style="green"))
+    else:
+        out.print(f"{len(report.findings)} finding(s):")
+    for f in report.findings:
+        sev = str(f["severity"])
+        label = Text.assemble(
+            (f"{sev.upper():8}", _STYLE.get(sev, "")),
+            (f" {f['code']}", "bold"),
+            f" on {f['subject']}",
+            f" ({f['pci_bus_id']})" if f.get("pci_bus_id") else "",
+        )
+        tree = Tree(label)
+        tree.add(str(f["summary"]))
+        span = f"firing {_time(f['first_seen'])} .. {_time(f['last_seen'])}"
+        if f.get("resolved_at") is not None:
+            span += f", resolved {_time(f['resolved_at'])}"
+        tree.add(span)
+        tree.add(f"rule {f['rule']}, path: {' > '.join(map(str, f['path']))}")  # type: ignore[call-overload]
+        evidence = f.get("evidence") or {}
+        if isinstance(evidence, dict) and evidence:
+            ev = tree.add("evidence")
+            for k, v in evidence.items():
+                ev.add(f"{k} = {fmt(v)}")
+        actions = f.get("actions") or []
+        if isinstance(actions, list) and actions:
+            act = tree.add("actions")
+            for a in actions:
+                act.add(str(a))
+        if f.get("runbook"):
+            tree.add(f"runbook: {f['runbook']}")
+        out.print(tree)
+    if report.unknown:
+        undecided = Tree(
+            Text("Undecided for missing evidence (never read as healthy)", style="bold")
+        )
+        by_rule: dict[str, list[str]] = {}
+        conds: dict[str, list[str]] = {}
+        for u in report.unknown:
+            rule = str(u["rule"])
+            by_rule.setdefault(rule, []).append(str(u["subject"]))
+            c = u["conditions"]
+            conds.setdefault(rule, [str(x) for x in c] if isinstance(c, list) else [])
+        for rule, subjects in by_rule.items():
+            more = f" and {len(subjects) - 3} more" if len(subjects) > 3 else ""
+            node = undecided.add(f"{rule} on {', '.join(subjects[:3])}{more}")
+            for cond in conds[rule]:
+                node.add(cond)
+        out.print(undecided)

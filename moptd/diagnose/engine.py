@@ -1,0 +1,190 @@
+"""Evaluate a rule set: a pure function of the signal store, the time and the rules.
+
+Each rule runs once per subject of its scope. Its ``decide`` tree is walked top-down; the
+first branch whose condition is true is taken. A condition that cannot be decided (missing
+evidence) does not count as false-and-healthy: it is recorded as *unknown*, the walk goes on
+to the next branch, and a rule that reaches no verdict with unknowns on the way reports
+``unknown`` rather than ``ok``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from moptd.diagnose.expr import Env, Expr, normalize_pci, truth
+from moptd.diagnose.loader import PLACEHOLDER
+from moptd.diagnose.model import Branch, Rule, RuleSet, Verdict
+from moptd.observations import subject_id, subject_kind
+from moptd.store import SignalStore
+
+Status = Literal["match", "ok", "unknown"]
+
+
+@dataclass(slots=True)
+class Step:
+    node: str
+    cond: str
+    value: bool | None
+    seen: list[tuple[str, object]]
+
+
+@dataclass(slots=True)
+class Result:
+    rule: Rule
+    subject: str
+    status: Status
+    verdict: Verdict | None = None
+    path: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    evidence: dict[str, object] = field(default_factory=dict)
+    summary: str = ""
+    pci_bus_id: str | None = None
+    actions: list[str] = field(default_factory=list)
+
+
+def gpu_subjects(store: SignalStore) -> list[tuple[str, str | None]]:
+    """GPU subjects with their normalised PCI address. A GPU named only by its PCI address
+    (a kernel line, no NVML) is a subject ``gpu:<pci>``, unless a GPU index carries it."""
+    by_pci: dict[str, str] = {}
+    out: list[tuple[str, str | None]] = []
+    for s in store.subjects("gpu"):
+        pci = store.attrs(s).get("pci_bus_id")
+        norm = normalize_pci(pci) if pci else None
+        if norm is None and normalize_pci(subject_id(s)):
+            norm = normalize_pci(subject_id(s))
+        out.append((s, norm))
+        if norm and subject_id(s).isdigit():
+            by_pci[norm] = s
+    seen = {s for s, _ in out}
+    for log_name in store.streams():
+        for ev in store.events(log_name):
+            if subject_kind(ev.subject) != "gpu" or ev.subject in seen:
+                continue
+            seen.add(ev.subject)
+            norm = normalize_pci(subject_id(ev.subject))
+            if norm is not None and norm in by_pci:
+                continue
+            out.append((ev.subject, norm))
+    result: dict[str, str | None] = {}
+    for s, pci in out:
+        if pci is not None and not subject_id(s).isdigit() and pci in by_pci:
+            continue
+        result[s] = pci
+    return sorted(result.items(), key=lambda x: _subject_order(x[0]))
+
+
+def _subject_order(s: str) -> tuple[int, str]:
+    ident = subject_id(s)
+    return (int(ident), "") if ident.isdigit() else (1 << 30, ident)
+
+
+def subjects_for(scope: str, store: SignalStore) -> list[tuple[str, str | None]]:
+    if scope == "node":
+        return [("node", None)]
+    if scope == "gpu":
+        return gpu_subjects(store)
+    return [(s, None) for s in store.subjects(scope)]
+
+
+def evaluate(
+    rules: RuleSet | Iterable[Rule],
+    store: SignalStore,
+    now: float,
+    missing: frozenset[str] = frozenset(),
+) -> list[Result]:
+    rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
+    memo: dict[tuple[object, ...], object] = {}
+    cache: dict[str, list[tuple[str, str | None]]] = {}
+    out: list[Result] = []
+    for rule in rule_list:
+        if not rule.enabled:
+            continue
+        if rule.scope not in cache:
+            cache[rule.scope] = subjects_for(rule.scope, store)
+        for subject, pci in cache[rule.scope]:
+            env = Env(store, subject, now, pci, missing, memo=memo)
+            out.append(evaluate_one(rule, env))
+    return out
+
+
+def evaluate_one(rule: Rule, env: Env) -> Result:
+    res = Result(rule, env.subject, "ok", pci_bus_id=env.pci_bus_id)
+    try:
+        verdict = _walk(rule.branches, env, res, rule.id)
+    except _Healthy:
+        env.trace = None
+        return res  # an explicit "healthy" leaf outweighs earlier unknowns
+    if verdict is None:
+        res.status = "unknown" if res.unknown else "ok"
+        return res
+    res.status = "match"
+    res.verdict = verdict
+    env.trace = None
+    for name, ex in (*rule.evidence, *verdict.evidence):
+        res.evidence[name] = _value(ex, env)
+    res.summary = render(verdict.summary, res)
+    res.actions = [render(a.render(), res) for a in verdict.actions]
+    return res
+
+
+class _Healthy(Exception):
+    """An ``ok:`` leaf was reached: the walk stops with no verdict."""
+
+
+def _walk(branches: tuple[Branch, ...], env: Env, res: Result, prefix: str) -> Verdict | None:
+    for b in branches:
+        node = f"{prefix}/{b.id}"
+        if b.cond is None:
+            value: bool | None = True
+            res.steps.append(Step(node, "else", True, []))
+        else:
+            env.trace = []
+            value = truth(b.cond(env))
+            res.steps.append(Step(node, b.cond.text, value, env.trace))
+            env.trace = None
+            if value is None:
+                res.unknown.append(f"{node}: {b.cond.text}")
+                continue
+        if not value:
+            continue
+        res.path.append(node)
+        if b.verdict is not None:
+            return b.verdict
+        if b.ok is not None:
+            raise _Healthy
+        found = _walk(b.children, env, res, node)
+        if found is not None:
+            return found
+        res.path.pop()
+    return None
+
+
+def _value(ex: Expr, env: Env) -> object:
+    v = ex(env)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def fmt(v: object) -> str:
+    if v is None:
+        return "unknown"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def render(template: str, res: Result) -> str:
+    values: dict[str, object] = {
+        "subject": res.subject,
+        "index": subject_id(res.subject),
+        "pci_bus_id": res.pci_bus_id,
+        "rule": res.rule.id,
+        **res.evidence,
+    }
+    return PLACEHOLDER.sub(lambda m: fmt(values.get(m.group(1))), template)

@@ -1,0 +1,643 @@
+"""The condition language: a restricted Python-expression subset, checked and compiled once.
+
+A condition is parsed with :mod:`ast` and every node is checked against a whitelist before it
+is turned into a tree of closures: no attribute access except ``namespace.signal`` names from
+the catalog, no subscripts, no builtins, no lambdas or comprehensions, no I/O. Durations with
+units (``5m``, ``500ms``) are literals. Values are three-valued: ``None`` means *unknown*
+(no evidence), and it propagates: ``unknown and False`` is False, ``unknown or True`` is True,
+any other use of unknown is unknown.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from moptd.catalog import SignalSpec
+from moptd.durations import parse_duration
+from moptd.observations import Event, Labels, subject_kind
+from moptd.store import Series, SignalStore
+
+Value = float | str | bool | None
+Compiled = Callable[["Env"], object]
+
+# nvmlClocksEventReason* bits (nvml.h), named so rules read as words.
+CONSTANTS: dict[str, float] = {
+    "GPU_IDLE": 0x1,
+    "APPLICATIONS_CLOCKS_SETTING": 0x2,
+    "SW_POWER_CAP": 0x4,
+    "HW_SLOWDOWN": 0x8,
+    "SYNC_BOOST": 0x10,
+    "SW_THERMAL_SLOWDOWN": 0x20,
+    "HW_THERMAL_SLOWDOWN": 0x40,
+    "HW_POWER_BRAKE_SLOWDOWN": 0x80,
+    "DISPLAY_CLOCK_SETTING": 0x100,
+}
+
+WINDOW_FUNCS = ("avg", "min", "max", "increase", "rate", "slope", "changes")
+SUMMED = frozenset({"increase", "rate", "changes"})  # summed over label sets, else max
+FUNCTIONS = (
+    "last",
+    "lowest",
+    "highest",
+    *WINDOW_FUNCS,
+    "quantile",
+    "count",
+    "present",
+    "absent",
+    "abs",
+)
+
+_DURATION = re.compile(
+    r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""  # strings pass through untouched
+    r"|(?<![\w.])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+)(?![\w.])"
+)
+_DUR_NAME = re.compile(r"__d_(\d+)")
+
+
+class ExprError(ValueError):
+    """A condition that cannot be compiled; ``col`` is the 0-based column in its text."""
+
+    def __init__(self, message: str, col: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.col = col
+
+
+@dataclass(slots=True)
+class Env:
+    """What one evaluation sees: the store, the subject, the time and the trace to fill."""
+
+    store: SignalStore
+    subject: str
+    now: float
+    pci_bus_id: str | None = None
+    missing: frozenset[str] = frozenset()  # namespaces with no evidence source at all
+    stale_after: float = 300.0
+    trace: list[tuple[str, object]] | None = None
+    fields: Mapping[str, object] | None = None  # inside count(..., where)
+    # Per-tick results of signal reads, shared by every rule: conditions and evidence
+    # often read the same window (the cache dies with the tick, so it is never stale).
+    memo: dict[tuple[object, ...], object] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Expr:
+    text: str
+    fn: Compiled
+    signals: frozenset[str] = frozenset()
+    macros: frozenset[str] = frozenset()
+
+    def __call__(self, env: Env) -> object:
+        return self.fn(env)
+
+
+def _lookup(env: Env, signal: str, subject: str) -> list[tuple[Labels, Series]]:
+    return env.store.series_for(signal, subject)
+
+
+# --- three-valued helpers -------------------------------------------------------------
+
+
+def _num(v: object) -> object:
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
+def _compare(op: ast.cmpop, a: object, b: object) -> object:
+    if a is None or b is None:
+        return None
+    if isinstance(op, ast.In | ast.NotIn):
+        if not isinstance(b, list | tuple):
+            return None
+        a2 = _num(a)
+        hit = any(a2 == _num(x) or a == x for x in b)
+        return hit if isinstance(op, ast.In) else not hit
+    if isinstance(a, str) != isinstance(b, str):
+        a, b = _num(a), _num(b)
+    try:
+        if isinstance(op, ast.Eq):
+            return a == b
+        if isinstance(op, ast.NotEq):
+            return a != b
+        if isinstance(op, ast.Lt):
+            return a < b  # type: ignore[operator]
+        if isinstance(op, ast.LtE):
+            return a <= b  # type: ignore[operator]
+        if isinstance(op, ast.Gt):
+            return a > b  # type: ignore[operator]
+        if isinstance(op, ast.GtE):
+            return a >= b  # type: ignore[operator]
+    except TypeError:
+        return None
+    raise AssertionError(op)  # pragma: no cover - the checker admits no other operator
+
+
+def _arith(op: ast.operator, a: object, b: object) -> object:
+    if a is None or b is None:
+        return None
+    a, b = _num(a), _num(b)
+    if not isinstance(a, int | float) or not isinstance(b, int | float):
+        return None
+    if isinstance(op, ast.Add):
+        return a + b
+    if isinstance(op, ast.Sub):
+        return a - b
+    if isinstance(op, ast.Mult):
+        return a * b
+    if isinstance(op, ast.Div):
+        return None if b == 0 else a / b
+    if isinstance(op, ast.BitAnd):
+        return float(int(a) & int(b))
+    if isinstance(op, ast.BitOr):
+        return float(int(a) | int(b))
+    raise AssertionError(op)  # pragma: no cover
+
+
+def _truth(v: object) -> bool | None:
+    if v is None:
+        return None
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return bool(v)
+
+
+# --- the compiler ---------------------------------------------------------------------
+
+
+@dataclass
+class Compiler:
+    """Compiles conditions for one scope against the catalog, lists and macros."""
+
+    catalog: Mapping[str, SignalSpec]
+    lists: Mapping[str, list[object]] = field(default_factory=dict)
+    macros: Mapping[str, str] = field(default_factory=dict)
+    scope: str = "node"
+    _macro_cache: dict[str, Expr] = field(default_factory=dict)
+    _stack: list[str] = field(default_factory=list)
+
+    def compile(self, text: str) -> Expr:
+        if not text.strip():
+            raise ExprError("a condition must be a non-empty string")
+        durations: list[tuple[str, float]] = []
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1):
+                return m.group(1)
+            try:
+                seconds = parse_duration(m.group(2))
+            except ValueError as e:  # pragma: no cover - the regex admits only valid ones
+                raise ExprError(str(e), m.start()) from None
+            durations.append((m.group(2), seconds))
+            return f"__d_{len(durations) - 1}"
+
+        src = _DURATION.sub(sub, text.strip())
+        try:
+            tree = ast.parse(src, mode="eval")
+        except SyntaxError as e:
+            col = max(0, (e.offset or 1) - 1)
+            raise ExprError(f"syntax error: {e.msg}", col) from None
+        state = _State(src, durations)
+        fn = self._node(tree.body, state)
+        return Expr(text.strip(), fn, frozenset(state.signals), frozenset(state.macros))
+
+    # Each _node call returns a closure; the checks happen here, once.
+    def _node(self, node: ast.expr, st: _State) -> Compiled:
+        if isinstance(node, ast.BoolOp):
+            parts = [self._node(v, st) for v in node.values]
+            return _and(parts) if isinstance(node.op, ast.And) else _or(parts)
+        if isinstance(node, ast.UnaryOp):
+            inner = self._node(node.operand, st)
+            if isinstance(node.op, ast.Not):
+                return lambda env: _not(inner(env))
+            if isinstance(node.op, ast.USub):
+                return lambda env: _arith(ast.Sub(), 0.0, inner(env))
+            raise self._err(f"operator {type(node.op).__name__} is not allowed", node)
+        if isinstance(node, ast.Compare):
+            return self._compare(node, st)
+        if isinstance(node, ast.BinOp):
+            if not isinstance(
+                node.op, ast.Add | ast.Sub | ast.Mult | ast.Div | ast.BitAnd | ast.BitOr
+            ):
+                raise self._err(f"operator {type(node.op).__name__} is not allowed", node)
+            left, right, op = self._node(node.left, st), self._node(node.right, st), node.op
+            return lambda env: _arith(op, left(env), right(env))
+        if isinstance(node, ast.Constant):
+            v: object = node.value
+            if isinstance(v, bool) or not isinstance(v, int | float | str):
+                raise self._err(f"constant {v!r} is not allowed", node)
+            c: object = float(v) if isinstance(v, int) else v
+            return lambda env: c
+        if isinstance(node, ast.List | ast.Tuple):
+            items = [self._constant(e, st) for e in node.elts]
+            return lambda env: items
+        if isinstance(node, ast.Name):
+            return self._name(node, st)
+        if isinstance(node, ast.Attribute):
+            sig = self._signal(node, st)
+            return self._reader("last", sig, 0.0, {}, st, node)
+        if isinstance(node, ast.Call):
+            return self._call(node, st)
+        raise self._err(f"{type(node).__name__} is not allowed in a condition", node)
+
+    def _compare(self, node: ast.Compare, st: _State) -> Compiled:
+        first = self._node(node.left, st)
+        rest = [(op, self._node(c, st)) for op, c in zip(node.ops, node.comparators, strict=True)]
+        for op in node.ops:
+            if not isinstance(
+                op, ast.Eq | ast.NotEq | ast.Lt | ast.LtE | ast.Gt | ast.GtE | ast.In | ast.NotIn
+            ):
+                raise self._err(f"comparison {type(op).__name__} is not allowed", node)
+
+        def run(env: Env) -> object:
+            a = first(env)
+            out: object = True
+            for op, fn in rest:
+                b = fn(env)
+                r = _compare(op, a, b)
+                if r is False:
+                    return False
+                if r is None:
+                    out = None
+                a = b
+            return out
+
+        return run
+
+    def _constant(self, node: ast.expr, st: _State) -> object:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str):
+            if isinstance(node.value, bool):
+                raise self._err("booleans are written true/false", node)
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            v = self._constant(node.operand, st)
+            if isinstance(v, int | float):
+                return -v
+        if isinstance(node, ast.Name) and node.id in CONSTANTS:
+            return CONSTANTS[node.id]
+        raise self._err("a list holds only numbers and strings", node)
+
+    def _name(self, node: ast.Name, st: _State) -> Compiled:
+        name = node.id
+        m = _DUR_NAME.fullmatch(name)
+        if m:
+            seconds = st.durations[int(m.group(1))][1]
+            return lambda env: seconds
+        if name in ("true", "True"):
+            return lambda env: True
+        if name in ("false", "False"):
+            return lambda env: False
+        if name in CONSTANTS:
+            c = CONSTANTS[name]
+            return lambda env: c
+        if st.fields is not None and name in st.fields:
+            # A field the line did not print reads as "" (an event is what it is).
+            return lambda env: "" if env.fields is None else _field(env.fields.get(name))
+        if name in self.lists:
+            items = list(self.lists[name])
+            return lambda env: items
+        if name in self.macros and st.fields is None:
+            expr = self._macro(name, node)
+            st.signals.update(expr.signals)
+            st.macros.add(name)
+            st.macros.update(expr.macros)
+            return expr.fn
+        if st.fields is not None:
+            known = ", ".join(sorted(st.fields)) or "none"
+            raise self._err(f"unknown event field {name!r} (fields: {known})", node)
+        raise self._err(f"unknown name {name!r} (not a macro, list or constant)", node)
+
+    def _macro(self, name: str, node: ast.AST) -> Expr:
+        if name in self._stack:
+            cycle = " -> ".join([*self._stack[self._stack.index(name) :], name])
+            raise self._err(f"macro cycle: {cycle}", node)
+        cached = self._macro_cache.get(name)
+        if cached is not None:
+            return cached
+        self._stack.append(name)
+        try:
+            expr = self.compile(self.macros[name])
+        except ExprError as e:
+            if e.message.startswith("in macro ") or e.message.startswith("macro cycle"):
+                raise
+            raise ExprError(
+                f"in macro {name!r}: {e.message}", getattr(node, "col_offset", 0)
+            ) from None
+        finally:
+            self._stack.pop()
+        self._macro_cache[name] = expr
+        return expr
+
+    def _signal(self, node: ast.expr, st: _State, event: bool = False) -> SignalSpec:
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+            raise self._err("expected a signal name such as gpu.util", node)
+        name = f"{node.value.id}.{node.attr}"
+        spec = self.catalog.get(name)
+        if spec is None:
+            raise self._err(f"unknown signal {name!r}", node)
+        if event and spec.kind != "event":
+            raise self._err(f"{name} is a {spec.kind}, count() takes an event stream", node)
+        if not event and spec.kind == "event":
+            raise self._err(f"{name} is an event stream: use count({name}, WINDOW)", node)
+        if spec.subject not in ("node", "collector", self.scope) and not (
+            self.scope == "node" and spec.subject == "gpu"
+        ):
+            raise self._err(
+                f"{name} is a per-{spec.subject} signal, not usable in a {self.scope} rule", node
+            )
+        st.signals.add(name)
+        return spec
+
+    def _window(self, node: ast.expr, st: _State) -> float:
+        if isinstance(node, ast.Name) and _DUR_NAME.fullmatch(node.id):
+            return st.durations[int(node.id[4:])][1]
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int | float)
+            and not isinstance(node.value, bool)
+        ):
+            if node.value > 0:
+                return float(node.value)
+        raise self._err("expected a window duration such as 5m", node)
+
+    def _labels(self, call: ast.Call, spec: SignalSpec) -> dict[str, str]:
+        labels: dict[str, str] = {}
+        for kw in call.keywords:
+            if kw.arg is None:
+                raise self._err("**labels is not allowed", call)
+            if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str | int)):
+                raise self._err(f"label {kw.arg} must be a string", kw.value)
+            allowed = (*spec.labels, "collector") if spec.subject == "collector" else spec.labels
+            if kw.arg not in allowed:
+                have = ", ".join(spec.labels) or "none"
+                raise self._err(f"{spec.name} has no label {kw.arg!r} (labels: {have})", kw.value)
+            labels[kw.arg] = str(kw.value.value)
+        if spec.subject == "collector" and "collector" not in labels:
+            raise self._err(f'{spec.name} needs collector="NAME"', call)
+        return labels
+
+    def _call(self, node: ast.Call, st: _State) -> Compiled:
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            name = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            raise self._err(f"unknown function {name!r} (functions: {', '.join(FUNCTIONS)})", node)
+        fname = node.func.id
+        args = node.args
+        if fname == "abs":
+            if len(args) != 1 or node.keywords:
+                raise self._err("abs() takes one argument", node)
+            inner = self._node(args[0], st)
+            return lambda env: _abs(inner(env))
+        if fname == "count":
+            return self._count(node, st)
+        q = 0.0
+        if fname == "quantile":
+            if (
+                not args
+                or not isinstance(args[0], ast.Constant)
+                or not isinstance(args[0].value, int | float)
+            ):
+                raise self._err("quantile(Q, SIGNAL, WINDOW) needs a number 0..1 first", node)
+            q = float(args[0].value)
+            if not 0 <= q <= 1:
+                raise self._err("quantile must be between 0 and 1", args[0])
+            args = args[1:]
+        if not args:
+            raise self._err(f"{fname}() needs a signal", node)
+        spec = self._signal(args[0], st)
+        windowed = fname in (*WINDOW_FUNCS, "quantile")
+        want = 2 if windowed else 1
+        if len(args) != want:
+            sig = f"{fname}(SIGNAL, WINDOW)" if windowed else f"{fname}(SIGNAL)"
+            raise self._err(f'{fname}() takes {sig}, labels as name="value"', node)
+        window = self._window(args[1], st) if windowed else 0.0
+        if fname in ("increase", "rate") and spec.kind != "counter":
+            raise self._err(f"{fname}() needs a counter; {spec.name} is a {spec.kind}", node)
+        labels = self._labels(node, spec)
+        return self._reader(fname, spec, window, labels, st, node, q)
+
+    def _count(self, node: ast.Call, st: _State) -> Compiled:
+        args = node.args
+        if len(args) not in (2, 3) or node.keywords:
+            raise self._err("count(STREAM, WINDOW[, CONDITION]) takes two or three arguments", node)
+        spec = self._signal(args[0], st, event=True)
+        window = self._window(args[1], st)
+        where: Compiled | None = None
+        if len(args) == 3:
+            inner = _State(st.src, st.durations, fields=set(spec.fields))
+            where = self._node(args[2], inner)
+        label = st.label(node)
+        stream, namespace = spec.name, spec.name.split(".", 1)[0]
+        per_subject = spec.subject == self.scope and self.scope != "node"
+
+        def run(env: Env) -> object:
+            if namespace in env.missing:
+                result: object = None
+            else:
+                n = 0
+                for ev in env.store.events(stream).since(env.now - window):
+                    if ev.t > env.now:
+                        break
+                    if per_subject and not _same_subject(ev, env):
+                        continue
+                    if where is not None:
+                        env.fields = ev.fields
+                        ok = _truth(where(env))
+                        env.fields = None
+                        if not ok:
+                            continue
+                    n += 1
+                result = float(n)
+            if env.trace is not None:
+                env.trace.append((label, result))
+            return result
+
+        return run
+
+    def _reader(
+        self,
+        fname: str,
+        spec: SignalSpec,
+        window: float,
+        labels: dict[str, str],
+        st: _State,
+        node: ast.expr,
+        q: float = 0.0,
+    ) -> Compiled:
+        label = st.label(node)
+        name = spec.name
+        namespace = name.split(".", 1)[0]
+        sub_kind = spec.subject
+        across_gpus = self.scope == "node" and sub_kind == "gpu"
+        want = tuple(sorted(labels.items()))
+        collector = labels.pop("collector", None)
+        if collector is not None:
+            want = tuple(sorted(labels.items()))
+        summed = fname in SUMMED
+
+        def subjects(env: Env) -> Iterable[str]:
+            if sub_kind == "node":
+                return ("node",)
+            if sub_kind == "collector":
+                return (f"collector:{collector}",)
+            if across_gpus:
+                return env.store.signal_subjects(name)
+            return (env.subject,)
+
+        def one(env: Env, series: Series) -> float | None:
+            now = env.now
+            if fname in ("last", "lowest", "highest", "present", "absent"):
+                if series.last_seen < now - env.stale_after:
+                    return None
+                return series.last()
+            if fname == "quantile":
+                return series.quantile(q, now, window)
+            method: Callable[[float, float], float | int | None] = getattr(series, fname)
+            r = method(now, window)
+            return None if r is None else float(r)
+
+        key_base = (fname, name, window, q, want, collector, across_gpus)
+
+        def run(env: Env) -> object:
+            memo = env.memo
+            key: tuple[object, ...] = ()
+            if memo is not None:
+                key = (*key_base, env.subject, env.now)
+                if key in memo:
+                    result = memo[key]
+                    if env.trace is not None:
+                        env.trace.append((label, result))
+                    return result
+            result = compute(env)
+            if memo is not None:
+                memo[key] = result
+            if env.trace is not None:
+                env.trace.append((label, result))
+            return result
+
+        def compute(env: Env) -> object:
+            values: list[float] = []
+            text: object = None
+            for subj in subjects(env):
+                for lbls, series in _lookup(env, name, subj):
+                    if want and not all(kv in lbls for kv in want):
+                        continue
+                    v = one(env, series)
+                    if v is not None and not math.isnan(v):
+                        values.append(v)
+                if fname in ("last", "present", "absent") and not values and not want:
+                    text = env.store.text(name, subj)
+            result: object
+            if fname == "present":
+                result = bool(values) or text is not None
+            elif fname == "absent":
+                result = not values and text is None
+            elif namespace in env.missing:
+                result = None
+            elif not values:
+                result = text
+            elif summed:
+                result = sum(values)
+            elif fname == "lowest":
+                result = min(values)
+            else:
+                result = max(values)
+            return result
+
+        return run
+
+    def _err(self, message: str, node: ast.AST) -> ExprError:
+        return ExprError(message, getattr(node, "col_offset", 0))
+
+
+def _field(v: object) -> object:
+    if v is None:
+        return ""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    return v
+
+
+def _abs(v: object) -> object:
+    v = _num(v)
+    return abs(v) if isinstance(v, int | float) else None
+
+
+def _same_subject(ev: Event, env: Env) -> bool:
+    if ev.subject == env.subject:
+        return True
+    if env.pci_bus_id is None:
+        return False
+    pci = ev.fields.get("pci_bus_id") if ev.fields else None
+    if isinstance(pci, str) and normalize_pci(pci) == env.pci_bus_id:
+        return True
+    return subject_kind(ev.subject) == "gpu" and normalize_pci(ev.subject[4:]) == env.pci_bus_id
+
+
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
+
+
+def normalize_pci(text: str) -> str | None:
+    """``0000:3b:00`` (kernel), ``00000000:3B:00.0`` (nvidia-smi) -> ``0000:3b:00.0``."""
+    m = _PCI.match(text.strip())
+    if not m:
+        return None
+    domain = (m.group(1) or "0000")[-4:]
+    return f"{domain}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}".lower()
+
+
+def _and(parts: list[Compiled]) -> Compiled:
+    def run(env: Env) -> object:
+        out: object = True
+        for p in parts:
+            t = _truth(p(env))
+            if t is False:
+                return False
+            if t is None:
+                out = None
+        return out
+
+    return run
+
+
+def _or(parts: list[Compiled]) -> Compiled:
+    def run(env: Env) -> object:
+        out: object = False
+        for p in parts:
+            t = _truth(p(env))
+            if t is True:
+                return True
+            if t is None:
+                out = None
+        return out
+
+    return run
+
+
+def _not(v: object) -> object:
+    t = _truth(v)
+    return None if t is None else not t
+
+
+def truth(v: object) -> bool | None:
+    """The three-valued truth of a condition's result: True, False or None (unknown)."""
+    return _truth(v)
+
+
+@dataclass
+class _State:
+    src: str
+    durations: list[tuple[str, float]]
+    signals: set[str] = field(default_factory=set)
+    macros: set[str] = field(default_factory=set)
+    fields: set[str] | None = None
+
+    def label(self, node: ast.AST) -> str:
+        seg = ast.get_source_segment(self.src, node) or ast.unparse(node)
+        return _DUR_NAME.sub(lambda m: self.durations[int(m.group(1))][0], seg)

@@ -1,0 +1,148 @@
+"""Rules, verdicts, actions and findings: the data the loader builds and the engine reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from moptd.diagnose.codes import Severity
+from moptd.diagnose.expr import Expr
+
+ACTION_KINDS = (
+    "inspect",
+    "restart_serving",
+    "reset_gpu",
+    "reboot_node",
+    "drain_node",
+    "replace_hardware",
+    "update_software",
+    "change_config",
+)
+Scope = Literal["node", "gpu", "serving"]
+State = Literal["pending", "firing", "resolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: str
+    text: str  # the concrete command or instruction
+    is_command: bool = True
+
+    def render(self) -> str:
+        return f"{self.kind}: {self.text}"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    code: str
+    severity: Severity
+    summary: str
+    actions: tuple[Action, ...]
+    runbook: str
+    falsepositives: tuple[str, ...] = ()
+    evidence: tuple[tuple[str, Expr], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    id: str  # the path element `explain` prints: "<rule id>/<branch id>"
+    cond: Expr | None  # None: the else branch
+    verdict: Verdict | None
+    children: tuple[Branch, ...]
+    line: int
+    ok: str | None = None  # a leaf that means "healthy", with the reason
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    title: str
+    layer: str
+    scope: Scope
+    status: str
+    for_: float
+    keep_firing_for: float
+    branches: tuple[Branch, ...]
+    evidence: tuple[tuple[str, Expr], ...]
+    file: str
+    line: int
+    enabled: bool = True
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    signals: frozenset[str] = frozenset()
+
+    def verdicts(self) -> list[Verdict]:
+        out: list[Verdict] = []
+        stack = list(self.branches)
+        while stack:
+            b = stack.pop()
+            if b.verdict is not None:
+                out.append(b.verdict)
+            stack.extend(b.children)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    files: tuple[str, ...] = ()
+
+    def by_id(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+
+@dataclass(slots=True)
+class Finding:
+    """One (rule, subject) pair through its lifecycle."""
+
+    rule: str
+    subject: str
+    code: str
+    severity: Severity
+    state: State
+    summary: str = ""
+    pending_since: float = 0.0
+    first_seen: float | None = None  # when it started firing
+    last_seen: float = 0.0  # last step its condition held
+    resolved_at: float | None = None
+    pci_bus_id: str | None = None
+    evidence: dict[str, object] = field(default_factory=dict)
+    path: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    runbook: str = ""
+    fire_times: list[float] = field(default_factory=list)  # for flap damping
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "code": self.code,
+            "subject": self.subject,
+            "severity": self.severity,
+            "rule": self.rule,
+            "state": self.state,
+            "summary": self.summary,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "evidence": self.evidence,
+            "path": self.path,
+            "actions": self.actions,
+            "runbook": self.runbook,
+        }
+        if self.pci_bus_id:
+            out["pci_bus_id"] = self.pci_bus_id
+        if self.resolved_at is not None:
+            out["resolved_at"] = self.resolved_at
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A finding changed state: handed to the findings store and the log."""
+
+    t: float
+    rule: str
+    subject: str
+    code: str
+    severity: Severity
+    old: str  # "inactive", "pending", "firing"
+    new: str  # "pending", "firing", "resolved", "inactive"
+    summary: str = ""
