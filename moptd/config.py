@@ -69,6 +69,8 @@ class Config:
     procfs: Path
     sysfs: Path
     watch_paths: tuple[Path, ...]
+    rule_paths: tuple[Path, ...]
+    rule_interval: float
     collectors: Mapping[str, CollectorConfig]
     raw: Mapping[str, Any] = field(default_factory=dict)
 
@@ -105,6 +107,12 @@ SCHEMA: dict[str, Any] = {
     "paths": {
         "procfs": ((str,), "/proc", "Root of procfs (tests point it elsewhere)."),
         "sysfs": ((str,), "/sys", "Root of sysfs."),
+    },
+    "rules": {
+        "paths": ((list, type(None)), None,
+                  "Rule files or directories, in order; later ones override earlier rules by "
+                  "id. null: the shipped rules, then /etc/moptd/rules.d when it exists."),
+        "interval": ((str, int, float), "1s", "Time between rule evaluations."),
     },
     "host": {
         "watch_paths": (
@@ -294,6 +302,14 @@ def _build(m: dict[str, Any], source: str, lines: Mapping[tuple[str, ...], int])
     if not all(isinstance(p, str) for p in watch):
         raise _KeyProblem(("host", "watch_paths"), 0, "must be a list of paths")
     token = m["api"]["token_file"]
+    rule_paths = m["rules"]["paths"]
+    if rule_paths is None:
+        rule_paths = [str(p) for p in default_rule_paths()]
+    elif not all(isinstance(p, str) for p in rule_paths):
+        raise _KeyProblem(("rules", "paths"), 0, "must be a list of paths")
+    rule_interval = _duration(m, ("rules", "interval"))
+    if rule_interval <= 0:
+        raise _KeyProblem(("rules", "interval"), 0, "must be above zero")
     return Config(
         source=source,
         state_dir=Path(m["state_dir"]).expanduser(),
@@ -310,9 +326,24 @@ def _build(m: dict[str, Any], source: str, lines: Mapping[tuple[str, ...], int])
         procfs=Path(m["paths"]["procfs"]),
         sysfs=Path(m["paths"]["sysfs"]),
         watch_paths=tuple(Path(p) for p in watch),
+        rule_paths=tuple(Path(p) for p in rule_paths),
+        rule_interval=rule_interval,
         collectors=collectors,
         raw=m,
     )
+
+
+LOCAL_RULES = Path("/etc/moptd/rules.d")
+
+
+def default_rule_paths() -> list[Path]:
+    """The shipped rules, then local tuning in /etc/moptd/rules.d when it exists."""
+    from moptd.diagnose.loader import default_rules_dir
+
+    paths = [default_rules_dir()]
+    if LOCAL_RULES.is_dir():
+        paths.append(LOCAL_RULES)
+    return paths
 
 
 def _check_listen(value: str, path: tuple[str, ...]) -> None:

@@ -9,16 +9,21 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
+from moptd.clock import SystemClock
 from moptd.collectors.base import Collector, CollectorContext, load_all
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
 from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.runtime import CollectorRuntime
+from moptd.diagnose.loader import RuleError
+from moptd.diagnose.model import Transition
+from moptd.diagnose.service import RuleService
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
@@ -56,21 +61,73 @@ def ensure_dir(path: Path, mode: int) -> None:
     os.chmod(path, mode)  # explicit, whatever the umask
 
 
+# Signal namespaces each collector provides; while a collector is unavailable or failing,
+# rules over its namespaces see *unknown*, not an empty (healthy-looking) store.
+NAMESPACES: dict[str, tuple[str, ...]] = {"nvml": ("gpu", "process"), "host": ("node",)}
+
+
+def missing_namespaces(runtime: CollectorRuntime) -> frozenset[str]:
+    out: set[str] = set()
+    for name, health in runtime.health.items():
+        if health.state in ("unavailable", "failed", "pending"):
+            out.update(NAMESPACES.get(name, (name,)))
+    return frozenset(out)
+
+
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.clock = SystemClock()
         self.store = SignalStore(
-            retention=config.retention, max_points=config.max_points, max_events=config.max_events
+            self.clock,
+            retention=config.retention,
+            max_points=config.max_points,
+            max_events=config.max_events,
         )
         self.runtime = make_runtime(config, self.store)
+        self.rules = RuleService(self.store, self.clock, config.rule_paths)
+        self.transition_listeners: list[Callable[[list[Transition]], None]] = []
         self.started = time.time()
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
+
+    def reload_rules(self) -> list[RuleError]:
+        """SIGHUP: load the rule files again; a bad set is refused and the last good one
+        stays in force."""
+        errors = self.rules.reload()
+        if not errors:
+            log.info("rules reloaded")
+        return errors
+
+    def evaluate_rules(self) -> list[Transition]:
+        self.rules.missing = missing_namespaces(self.runtime)
+        transitions = self.rules.tick()
+        self.store.ingest("rules", self.rules.findings_batch())
+        if transitions:
+            for listener in self.transition_listeners:
+                listener(transitions)
+        return transitions
+
+    async def _rule_loop(self) -> None:
+        interval = self.config.rule_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.evaluate_rules()
+            except Exception:  # a rule-engine bug must not stop collection or scrapes
+                log.exception("rule evaluation failed")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_rules)
+        if self.rules.errors:
+            log.error(
+                "rules not loaded (%d errors); running without rules until they are fixed "
+                "and reloaded with SIGHUP",
+                len(self.rules.errors),
+            )
         ensure_dir(self.config.state_dir, 0o750)
         try:
             await self._serve()
@@ -80,6 +137,7 @@ class Daemon:
             return 1
         await self.runtime.start()
         watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+        rule_loop = asyncio.create_task(self._rule_loop(), name="rules")
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(30):
@@ -90,9 +148,10 @@ class Daemon:
         finally:
             sdnotify.notify("STOPPING=1")
             log.info("moptd stopping")
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+            for task in (rule_loop, watchdog):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self.runtime.stop()
             await self._shutdown()
         return 0
