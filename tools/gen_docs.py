@@ -47,19 +47,29 @@ def metrics_doc() -> str:
         specs = groups[ns]
         exported = [s for s in specs if s.metric]
         if exported:
-            out += [f"## {ns}", "", "| metric | type | labels | signal | help | dcgm-exporter |",
-                    "|---|---|---|---|---|---|"]
+            out += [
+                f"## {ns}",
+                "",
+                "| metric | type | labels | signal | help | dcgm-exporter |",
+                "|---|---|---|---|---|---|",
+            ]
             for s in sorted(exported, key=lambda s: s.metric):
                 labels = ", ".join([*SUBJECT_LABELS.get(s.subject, ()), *s.labels]) or "-"
                 kind = "gauge" if s.kind == "info" else s.kind
                 help_text = s.help.replace("|", "\\|")
-                out.append(f"| `{s.metric}` | {kind} | {labels} | `{s.name}` | {help_text} | "
-                           f"{s.dcgm or '-'} |")
+                out.append(
+                    f"| `{s.metric}` | {kind} | {labels} | `{s.name}` | {help_text} | "
+                    f"{s.dcgm or '-'} |"
+                )
             out.append("")
         internal = [s for s in specs if not s.metric]
         if internal:
-            out += [f"Signals of `{ns}` kept for rules only (not exported):", "",
-                    "| signal | kind | unit | fields | help |", "|---|---|---|---|---|"]
+            out += [
+                f"Signals of `{ns}` kept for rules only (not exported):",
+                "",
+                "| signal | kind | unit | fields | help |",
+                "|---|---|---|---|---|",
+            ]
             for s in sorted(internal, key=lambda s: s.name):
                 fields = ", ".join(s.fields) or "-"
                 help_text = s.help.replace("|", "\\|")
@@ -82,8 +92,14 @@ def _schema_rows(schema: Mapping[str, Any], prefix: str = "") -> list[str]:
             shown = f"`{default:#o}`"
         else:
             shown = f"`{default!r}`"
-        names = {str: "string", int: "integer", float: "number", bool: "bool", list: "list",
-                 type(None): "null"}
+        names = {
+            str: "string",
+            int: "integer",
+            float: "number",
+            bool: "bool",
+            list: "list",
+            type(None): "null",
+        }
         type_text = " or ".join(names.get(t, t.__name__) for t in types)
         rows.append(f"| `{path}` | {type_text} | {shown} | {help_text} |")
     return rows
@@ -123,8 +139,9 @@ def main() -> int:
                 path.write_text(content)
     if args.check and stale:
         for path in stale:
-            print(f"{path.relative_to(REPO)} is stale: run python tools/gen_docs.py",
-                  file=sys.stderr)
+            print(
+                f"{path.relative_to(REPO)} is stale: run python tools/gen_docs.py", file=sys.stderr
+            )
         return 1
     return 0
 

@@ -90,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, level.upper()),
-        format="%(levelname)s %(name)s: %(message)s",  # journald adds the time
-    )
+    from moptd.daemon.sdnotify import log_formatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    # journald adds the time; the formatter adds <N> priority prefixes under journald
+    handler.setFormatter(log_formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])

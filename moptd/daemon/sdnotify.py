@@ -1,15 +1,62 @@
-"""systemd notifications (READY, WATCHDOG, STOPPING) without requiring systemd-python.
+"""systemd integration: notifications (READY, WATCHDOG, STOPPING) and journal priorities.
 
-The protocol is one datagram to $NOTIFY_SOCKET; an abstract socket name starts with '@'.
+Notifications go through systemd-python (the ``systemd`` extra) when it is importable and
+otherwise through a standard-library sender: one datagram to $NOTIFY_SOCKET, where an
+abstract socket name starts with '@'. Both read the same environment, so behaviour does not
+depend on which one is installed.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import socket
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+log = logging.getLogger(__name__)
+
+
+def _load_systemd_notify() -> Callable[[str], bool] | None:
+    try:
+        # Imported by name: the extra is optional and ships no type information.
+        daemon = importlib.import_module("systemd.daemon")
+    except ImportError:
+        return None
+    send = daemon.notify
+
+    def notify(state: str) -> bool:
+        # sd_notify's errors arrive as OSError (a socket nobody listens on); like the
+        # fallback, a lost notification must never stop the daemon.
+        try:
+            return bool(send(state))
+        except OSError as exc:
+            log.debug("sd_notify %r failed: %s", state, exc)
+            return False
+
+    return notify
+
+
+_systemd_notify = _load_systemd_notify()
+
+
+def backend() -> str:
+    """Which sender is in use: "systemd-python" or "stdlib"."""
+    return "systemd-python" if _systemd_notify is not None else "stdlib"
 
 
 def notify(state: str) -> bool:
+    """Send one notification; False when not run under systemd or the send failed."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return False
+    if _systemd_notify is not None:
+        return _systemd_notify(state)
+    return notify_stdlib(state)
+
+
+def notify_stdlib(state: str) -> bool:
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return False
@@ -19,7 +66,9 @@ def notify(state: str) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
             sock.sendall(state.encode())
-    except OSError:
+    except OSError as exc:
+        # A lost notification must never stop the daemon; systemd will time it out.
+        log.debug("sd_notify %r failed: %s", state, exc)
         return False
     return True
 
@@ -31,6 +80,55 @@ def watchdog_interval() -> float | None:
     if not usec or (pid and pid != str(os.getpid())):
         return None
     try:
-        return int(usec) / 2e6
+        value = int(usec)
     except ValueError:
         return None
+    return value / 2e6 if value > 0 else None
+
+
+# syslog priorities, as sd-daemon(3) "<N>" prefixes that journald turns into PRIORITY=.
+_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+
+def priority_of(levelno: int) -> int:
+    for level in (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO):
+        if levelno >= level:
+            return _PRIORITY[level]
+    return _PRIORITY[logging.DEBUG]
+
+
+class JournalPrefixFormatter(logging.Formatter):
+    """Prefixes every line with "<N>" so journald records the level as the priority.
+
+    Only for a stream connected to the journal (StandardError=journal): elsewhere the
+    prefix would be noise. Multi-line messages (tracebacks) keep the priority on every
+    line, since journald reads each line as a record.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{priority_of(record.levelno)}>"
+        return "\n".join(prefix + line for line in super().format(record).splitlines())
+
+
+def stream_is_journal(stream: TextIO = sys.stderr) -> bool:
+    """True when `stream` is the journal stream systemd handed us ($JOURNAL_STREAM)."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    try:
+        st = os.fstat(stream.fileno())
+        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def log_formatter(fmt: str, stream: TextIO = sys.stderr) -> logging.Formatter:
+    """The formatter for the daemon's log stream: with priorities under journald."""
+    if stream_is_journal(stream):
+        return JournalPrefixFormatter(fmt)
+    return logging.Formatter(fmt)
