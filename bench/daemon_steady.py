@@ -7,7 +7,7 @@ samples its CPU time and RSS and scrapes /metrics every --scrape-every seconds. 
 so an 8-GPU host can be measured on a CPU machine.
 
     python bench/daemon_steady.py --seconds 60 --out .out/steady.json
-    python bench/daemon_steady.py --recording tests/fixtures/h200/nvml_recording.jsonl --gpus 8
+    python bench/daemon_steady.py --recording tests/fixtures/h200/nvml_recording_h200.jsonl --gpus 8
 """
 
 from __future__ import annotations
