@@ -1,9 +1,11 @@
 """Per-GPU signals from NVML (subject ``gpu:<index>``) and per-process GPU memory.
 
 Cadence, stated in each HELP so scrapers know what they read: "fast" values are read
-every tick, "slow" ones every ``slow_interval`` (NVML calls that cost 0.1-3 ms each),
-"static" ones at start and every ``static_interval``. moptd_gpu_sample_age_seconds
-gives the age of each tier.
+every tick (NVML calls of about 2 µs), "slow" ones every ``slow_interval`` (5 s; field
+values, BAR1, PCIe: 5-150 µs each), "costly" ones every ``costly_interval`` (30 s; total
+energy about 3 ms, two clock-event counters about 0.6 ms each), "static" ones at start and
+every ``static_interval`` (300 s; max clocks about 1.4 ms each). Costs measured on an H200,
+driver 580 (bench/nvml_cost.py). moptd_gpu_sample_age_seconds gives the age of each tier.
 """
 
 from moptd.catalog import SignalSpec
@@ -51,7 +53,8 @@ SIGNALS = [
         "sample_age",
         "gauge",
         "seconds",
-        "Age of the values of one cadence tier (fast, slow, static) at the last collection.",
+        "Age of the values of one cadence tier (fast, slow, costly, static) at the last "
+        "collection.",
         "moptd_gpu_sample_age_seconds",
         labels=("tier",),
     ),
@@ -171,7 +174,7 @@ SIGNALS = [
         "energy",
         "counter",
         "joules",
-        "Energy used since the driver loaded; slow tier.",
+        "Energy used since the driver loaded; costly tier (30 s).",
         "moptd_gpu_energy_joules_total",
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     ),
@@ -194,8 +197,9 @@ SIGNALS = [
         "clock_event_time",
         "counter",
         "seconds",
-        "Cumulative time clocks were held down for the named reason (NVML violation counters; "
-        "they catch throttling between samples); slow tier.",
+        "Cumulative time clocks were held down for the named reason (NVML field values; they "
+        "catch throttling between samples); slow tier, but hw_thermal_slowdown and "
+        "hw_power_brake_slowdown costly tier (30 s).",
         "moptd_gpu_clock_event_seconds_total",
         "DCGM_FI_DEV_POWER_VIOLATION (and kin)",
         labels=("reason",),
@@ -260,7 +264,8 @@ SIGNALS = [
         "retired_pages",
         "gauge",
         "count",
-        "Retired framebuffer pages by cause (pre-Ampere page retirement); slow tier.",
+        "Retired framebuffer pages by cause (single_bit, double_bit; pre-Ampere page "
+        "retirement); slow tier.",
         "moptd_gpu_retired_pages",
         "DCGM_FI_DEV_RETIRED_SBE / _DBE",
         labels=("cause",),
@@ -420,6 +425,17 @@ SIGNALS = [
         "1 when MIG mode is on (current); static tier.",
         "moptd_gpu_mig_mode",
         "DCGM_FI_DEV_MIG_MODE",
+    ),
+    SignalSpec(
+        "gpu.xid_event",
+        "event",
+        "",
+        "An Xid error the driver reported through NVML's event set (read by a dedicated "
+        "thread as it happens). The legacy NVML event carries no time: t is when moptd "
+        "received it. The kernel log's NVRM Xid lines are the kernel collector's stream.",
+        "gpu",
+        None,
+        fields=("code", "source"),
     ),
     SignalSpec(
         "process.gpu_memory",

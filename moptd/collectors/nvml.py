@@ -1,9 +1,137 @@
-"""NVML collector (placeholder until the NVML backend lands): reports unavailable."""
+"""NVML collector: per-GPU telemetry, compute processes and Xid events.
+
+Readings come in four cost tiers (moptd/collectors/gpu_readings.py): static at start and
+every ``static_interval``, slow every ``slow_interval``, costly (total energy and two
+clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, fast every tick;
+each tier's age is exported as gpu.sample_age{tier}. Every GPU is read on its own
+single-thread executor under a per-GPU deadline, so a GPU whose NVML calls hang (a GPU in
+recovery) or that is lost never delays the others: a hung GPU gets gpu.nvml_error = 10
+(NVML_ERROR_TIMEOUT) and is skipped until its call returns; a lost one gets gpu.lost = 1.
+NVML Xid events are read by a dedicated daemon thread and published as gpu.xid_event
+events.
+"""
 
 from __future__ import annotations
 
-from moptd.collectors.base import Collector, Unavailable, register
-from moptd.observations import Batch
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from moptd.collectors.base import Collector, CollectorContext, Option, Unavailable, register
+from moptd.collectors.gpu_batch import add_ages, add_fast, add_slow, add_static
+from moptd.collectors.gpu_readings import (
+    BackendUnavailable,
+    FastReading,
+    GpuBackend,
+    GpuLost,
+    NvmlCallError,
+    SlowReading,
+    StaticReading,
+    merge_costly,
+)
+from moptd.collectors.proc_info import ProcessInfo, process_info
+from moptd.observations import Batch, Event, Sample, gpu_subject
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_UNKNOWN = 999
+DRIVER_SIGNS = (Path("/dev/nvidiactl"),)
+TIERS = ("static", "fast", "slow", "costly")
+
+
+@dataclass
+class _GpuState:
+    """What the collector remembers about one GPU between ticks."""
+
+    static: StaticReading | None = None
+    fast: FastReading | None = None
+    slow: SlowReading | None = None
+    costly: SlowReading | None = None
+    # The samples of the static and slow readings, built once per new reading: they are
+    # re-sent every tick (the store replaces a source's snapshot whole) but change rarely.
+    static_batch: Batch = field(default_factory=Batch)
+    fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
+    slow_batch: Batch = field(default_factory=Batch)
+    read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
+    worker: _GpuThread | None = None
+    pending: concurrent.futures.Future[_Pass] | None = None
+
+
+@dataclass
+class _Pass:
+    """The outcome of one read of one GPU (runs on that GPU's thread)."""
+
+    static: StaticReading | None = None
+    fast: FastReading | None = None
+    slow: SlowReading | None = None
+    costly: SlowReading | None = None
+    error: int = 0
+    lost: GpuLost | None = None
+
+
+class _GpuThread:
+    """A single-thread executor on a daemon thread: a GPU whose NVML call never returns
+    must not keep the daemon from exiting (ThreadPoolExecutor joins its threads at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[
+            tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
+        ] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put((fut, functools.partial(fn, *args)))
+        return fut
+
+    def shutdown(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fut, call = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(call())
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                fut.set_exception(exc)
+
+
+def _countdown(count: int) -> tuple[Callable[[object], None], asyncio.Future[None]]:
+    """A done-callback for a tick's GPU reads, and a future it resolves when the last read
+    finishes: one wake-up of the loop per tick instead of one per GPU (each costs a pipe
+    write and an epoll return, which on the GPU host cost more CPU than the reads)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = [count]
+    lock = threading.Lock()
+
+    def resolve() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def finished(_: object) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:  # a hung read returned after the loop closed
+                pass
+
+    return finished, done
 
 
 @register
@@ -11,6 +139,288 @@ class NvmlCollector(Collector):
     name = "nvml"
     default_interval = 1.0
     default_timeout = 5.0
+    options: ClassVar[Mapping[str, Option]] = {
+        "backend": Option(str, "live", "live (NVML) or recorded (replay `recording`)."),
+        "recording": Option(str, "", "Recording file for backend: recorded."),
+        "replicate": Option(int, 1, "Recorded backend: present each recorded GPU N times."),
+        "slow_interval": Option((int, float), 5.0, "Seconds between slow-tier reads."),
+        "costly_interval": Option(
+            (int, float),
+            30.0,
+            "Seconds between reads of the costly tier (total energy, HW thermal and "
+            "power-brake clock-event counters: 0.6-3 ms of CPU each).",
+        ),
+        "static_interval": Option((int, float), 300.0, "Seconds between static-tier reads."),
+        "gpu_deadline": Option(
+            (int, float), 2.0, "Seconds one GPU's read may take before it counts as hung."
+        ),
+        "xid_events": Option(bool, True, "Read NVML Xid events in a dedicated thread."),
+    }
 
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self.backend: GpuBackend | None = None
+        self._ready = False
+        self._gpus: dict[int, _GpuState] = {}
+        self._procs: dict[int, ProcessInfo | None] = {}
+        self._procs_lock = threading.Lock()
+        self._xid_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # --- backend ------------------------------------------------------------------------
+    def make_backend(self) -> GpuBackend:
+        kind = self.option("backend")
+        if kind == "recorded":
+            from moptd.collectors.nvml_recorded import RecordedBackend
+
+            path = self.option("recording")
+            if not path:
+                raise ValueError("collectors.nvml.recording must name a file for backend recorded")
+            return RecordedBackend.from_file(Path(path), int(self.option("replicate")))
+        if kind != "live":
+            raise ValueError(f"collectors.nvml.backend: {kind!r} is not live or recorded")
+        from moptd.collectors.nvml_backend import NvmlBackend
+
+        return NvmlBackend()
+
+    def _driver_present(self) -> bool:
+        if (self.ctx.procfs / "driver" / "nvidia").exists():
+            return True
+        return any(p.exists() for p in DRIVER_SIGNS)
+
+    async def _ensure_ready(self) -> GpuBackend:
+        if self.backend is not None and self._ready:
+            return self.backend
+        if self.backend is None:
+            self.backend = self.make_backend()
+        backend = self.backend
+        try:
+            await self.blocking(backend.init)
+        except BackendUnavailable as exc:
+            if self._driver_present():
+                raise RuntimeError(f"NVML init failed though a driver is present: {exc}") from None
+            raise Unavailable(f"NVIDIA driver not loaded: {exc}") from None
+        self._ready = True
+        for i in range(backend.device_count()):
+            self._gpus.setdefault(i, _GpuState())
+        if self.option("xid_events") and self._xid_thread is None:
+            self._start_xid_thread(backend)
+        return backend
+
+    async def start(self) -> None:
+        try:
+            await self._ensure_ready()
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - retried on every collect
+            log.warning("nvml: %s", exc)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        hung = False
+        for st in self._gpus.values():
+            if st.pending is not None and not st.pending.done():
+                hung = True
+            if st.worker is not None:
+                st.worker.shutdown()
+                st.worker = None
+        if self.backend is not None and self._ready and not hung:
+            # NVML shutdown while a call hangs could block the daemon's exit; skip it then.
+            await asyncio.to_thread(self.backend.shutdown)
+        elif self.backend is not None:
+            log.info("nvml: a GPU call is still hanging; not shutting NVML down")
+        self._ready = False
+        await super().stop()
+
+    # --- collection ---------------------------------------------------------------------
     async def collect(self) -> Batch:
-        raise Unavailable("NVML backend not built yet")
+        backend = await self._ensure_ready()
+        now = self.ctx.clock.now()
+        deadline = float(self.option("gpu_deadline"))
+        batch = Batch()
+        # GPUs whose previous read still hangs are skipped (and reported below).
+        ready = [(i, st) for i, st in self._gpus.items() if st.pending is None or st.pending.done()]
+        started: dict[int, concurrent.futures.Future[_Pass]] = {}
+        if ready:
+            all_done, tick_done = _countdown(len(ready))
+            for index, st in ready:
+                if st.worker is None:
+                    st.worker = _GpuThread(f"moptd-nvml-gpu{index}")
+                fut = st.worker.submit(self._read_gpu, backend, index, self._due(st, now))
+                st.pending = started[index] = fut
+                fut.add_done_callback(all_done)
+            await asyncio.wait({tick_done}, timeout=deadline)
+        done_at = self.ctx.clock.now()
+        for index, st in self._gpus.items():
+            read = started.get(index)
+            if read is None or not read.done() or read.cancelled():
+                self._report_hung(batch, index, st, done_at)
+                continue
+            self._report(batch, index, st, read.result(), done_at)
+        self._drop_departed_processes()
+        return batch
+
+    def _due(self, st: _GpuState, now: float) -> tuple[str, ...]:
+        tiers = ["fast"]
+        static_every = float(self.option("static_interval"))
+        slow_every = float(self.option("slow_interval"))
+        # A little slack so a tier due "now" is not pushed a whole tick later by jitter.
+        slack = 0.05
+        if st.static is None or now - st.read_at.get("static", 0.0) >= static_every - slack:
+            tiers.insert(0, "static")
+        if st.slow is None or now - st.read_at.get("slow", 0.0) >= slow_every - slack:
+            tiers.append("slow")
+        costly_every = float(self.option("costly_interval"))
+        if st.costly is None or now - st.read_at.get("costly", 0.0) >= costly_every - slack:
+            tiers.append("costly")
+        return tuple(tiers)
+
+    def _read_gpu(self, backend: GpuBackend, index: int, tiers: tuple[str, ...]) -> _Pass:
+        """Runs on the GPU's own thread. GpuLost ends the pass; other errors skip a tier."""
+        out = _Pass()
+        try:
+            for tier in tiers:
+                try:
+                    if tier == "static":
+                        out.static = backend.read_static(index)
+                    elif tier == "fast":
+                        out.fast = backend.read_fast(index)
+                    elif tier == "costly":
+                        out.costly = backend.read_costly(index)
+                    else:
+                        out.slow = backend.read_slow(index)
+                        self._attribute(out.slow)
+                except NvmlCallError as exc:
+                    log.debug("nvml: %s", exc)
+                    out.error = exc.code
+        except GpuLost as exc:
+            out.lost = exc
+        except Exception:
+            log.warning("nvml: unexpected error reading GPU %d", index, exc_info=True)
+            out.error = NVML_ERROR_UNKNOWN
+        return out
+
+    def _attribute(self, slow: SlowReading) -> None:
+        """Look up each new process once (blocking /proc reads, on the GPU's thread)."""
+        for p in slow.processes:
+            with self._procs_lock:
+                if p.pid in self._procs:
+                    continue
+            info = process_info(p.pid, self.ctx.procfs)
+            with self._procs_lock:
+                self._procs[p.pid] = info
+
+    def _report(self, batch: Batch, index: int, st: _GpuState, res: _Pass, now: float) -> None:
+        subject = gpu_subject(index)
+        if res.static is not None:
+            st.static, st.read_at["static"] = res.static, now
+            st.static_batch = Batch()
+            add_static(st.static_batch, res.static)
+        if res.fast is not None:
+            st.fast, st.read_at["fast"] = res.fast, now
+        if res.costly is not None:
+            st.costly, st.read_at["costly"] = res.costly, now
+        if res.slow is not None:
+            st.slow, st.read_at["slow"] = res.slow, now
+        merged = merge_costly(st.slow, st.costly)
+        if merged is not None and (res.slow is not None or res.costly is not None):
+            st.slow_batch = Batch()
+            add_slow(st.slow_batch, index, merged)
+            self._describe_processes(st.slow_batch, merged)
+        batch.extend(st.static_batch)
+        if res.lost is not None:
+            if not st.read_at.get("lost_logged"):
+                log.warning("nvml: %s", res.lost)
+                st.read_at["lost_logged"] = now
+            batch.add("gpu.lost", subject, 1.0)
+            batch.add("gpu.nvml_error", subject, float(res.lost.code))
+            # A lost GPU's old values must not be read as current.
+            st.fast = st.slow = st.costly = None
+            st.slow_batch = Batch()
+            return
+        st.read_at.pop("lost_logged", None)
+        batch.add("gpu.lost", subject, 0.0)
+        batch.add("gpu.nvml_error", subject, float(res.error))
+        if st.fast is not None:
+            add_fast(batch, index, st.fast, st.fast_samples)
+        batch.extend(st.slow_batch)
+        add_ages(
+            batch,
+            index,
+            {t: now - st.read_at[t] for t in TIERS if t in st.read_at},
+        )
+
+    def _report_hung(self, batch: Batch, index: int, st: _GpuState, now: float) -> None:
+        subject = gpu_subject(index)
+        batch.extend(st.static_batch)
+        batch.add("gpu.nvml_error", subject, float(NVML_ERROR_TIMEOUT))
+        add_ages(
+            batch,
+            index,
+            {t: now - st.read_at[t] for t in TIERS if t in st.read_at},
+        )
+
+    def _describe_processes(self, batch: Batch, slow: SlowReading) -> None:
+        for p in slow.processes:
+            with self._procs_lock:
+                info = self._procs.get(p.pid)
+            if info is None:
+                continue
+            batch.describe(
+                f"process:{p.pid}",
+                name=info.name,
+                user=info.user,
+                container=info.container_id,
+                container_runtime=info.container_runtime,
+                pod_uid=info.pod_uid,
+                unit=info.unit,
+                cmdline=info.cmdline,
+            )
+
+    def _drop_departed_processes(self) -> None:
+        alive = {p.pid for st in self._gpus.values() if st.slow for p in st.slow.processes}
+        with self._procs_lock:
+            for pid in [pid for pid in self._procs if pid not in alive]:
+                del self._procs[pid]
+
+    # --- Xid events ---------------------------------------------------------------------
+    def _start_xid_thread(self, backend: GpuBackend) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopping.clear()
+        self._xid_thread = threading.Thread(
+            target=self._xid_loop, args=(backend, loop), name="moptd-nvml-xid", daemon=True
+        )
+        self._xid_thread.start()
+
+    def _xid_loop(self, backend: GpuBackend, loop: asyncio.AbstractEventLoop) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                pairs = backend.wait_xid(1000)
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive NVML errors
+                failures += 1
+                if failures == 1:
+                    log.warning("nvml: waiting for Xid events failed: %s", exc)
+                self._stopping.wait(min(60.0, 5.0 * failures))
+                continue
+            failures = 0
+            if not pairs:
+                continue
+            t = self.ctx.clock.now()
+            events = [
+                Event(
+                    "gpu.xid_event",
+                    gpu_subject(index),
+                    t,
+                    {"code": xid, "source": "nvml"},
+                    f"NVML Xid {xid} on GPU {index}",
+                )
+                for index, xid in pairs
+            ]
+            try:
+                loop.call_soon_threadsafe(self._publish, events)
+            except RuntimeError:  # the loop closed under us: the daemon is stopping
+                return
+
+    def _publish(self, events: list[Event]) -> None:
+        self.ctx.publish(events)

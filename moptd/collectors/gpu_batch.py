@@ -1,0 +1,187 @@
+"""Readings -> gpu.* samples: the one place that names signals for GPU readings, so the
+live collector, the recorded backend and the nvidia-smi dump readers agree exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from moptd.collectors.gpu_readings import (
+    CLOCK_EVENT_REASONS,
+    FastReading,
+    ProcessReading,
+    SlowReading,
+    StaticReading,
+)
+from moptd.observations import Batch, Labels, Sample, gpu_subject, labels_of
+
+_STATIC_FIELDS = (
+    "sm_clock_max",
+    "mem_clock_max",
+    "power_limit",
+    "power_limit_default",
+    "pcie_link_gen_max",
+    "pcie_link_width_max",
+    "ecc_enabled",
+    "ecc_pending",
+    "persistence_mode",
+    "compute_mode",
+    "mig_mode",
+)
+_FAST_FIELDS = (
+    "util",
+    "mem_util",
+    "memory_total",
+    "memory_used",
+    "memory_free",
+    "memory_reserved",
+    "temperature",
+    "power",
+    "sm_clock",
+    "mem_clock",
+    "pstate",
+)
+_SLOW_FIELDS = (
+    "memory_temperature",
+    "energy",
+    "bar1_total",
+    "bar1_used",
+    "pcie_link_gen",
+    "pcie_link_width",
+    "pcie_replays",
+    "ecc_volatile_corrected",
+    "ecc_volatile_uncorrected",
+    "ecc_aggregate_corrected",
+    "ecc_aggregate_uncorrected",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remap_pending",
+    "remap_failure",
+    "nvlink_links_active",
+    "recovery_action",
+)
+
+
+def add_static(batch: Batch, r: StaticReading) -> None:
+    subject = gpu_subject(r.index)
+    batch.describe(
+        subject,
+        uuid=r.uuid,
+        name=r.name,
+        pci_bus_id=r.pci_bus_id,
+        serial=r.serial,
+        vbios=r.vbios,
+        driver_version=r.driver_version,
+    )
+    batch.add(
+        "gpu.info",
+        subject,
+        1.0,
+        labels_of(
+            name=r.name,
+            pci_bus_id=r.pci_bus_id,
+            serial=r.serial,
+            vbios=r.vbios,
+            driver_version=r.driver_version,
+        ),
+    )
+    for f in _STATIC_FIELDS:
+        v = getattr(r, f)
+        if v is not None:
+            batch.add(f"gpu.{f}", subject, float(v))
+
+
+# Label tuples built once: the fast tier runs every tick on every GPU.
+_REASON_LABELS = tuple(
+    (bit, f"reason:{reason}", labels_of(reason=reason)) for bit, reason in CLOCK_EVENT_REASONS
+)
+_FAST_SIGNALS = tuple((f, f"gpu.{f}") for f in _FAST_FIELDS)
+_TIER_LABELS = {t: labels_of(tier=t) for t in ("static", "fast", "slow")}
+
+
+def add_fast(
+    batch: Batch, index: int, r: FastReading, reuse: dict[str, Sample] | None = None
+) -> None:
+    """The fast tier's samples. With ``reuse`` (kept per GPU by the caller), a sample whose
+    value did not change since the last tick is the same object: most fast values hold
+    still from tick to tick, and building a sample costs more than comparing one."""
+    subject = gpu_subject(index)
+    out = batch.samples
+    cache: dict[str, Sample] = {} if reuse is None else reuse
+    for f, signal in _FAST_SIGNALS:
+        v = getattr(r, f)
+        if v is not None:
+            out.append(_sample(cache, signal, signal, subject, float(v), ()))
+    if r.clock_event_reasons is not None:
+        mask = r.clock_event_reasons
+        out.append(_sample(cache, "reasons", "gpu.clock_event_reasons", subject, float(mask), ()))
+        for bit, key, labels in _REASON_LABELS:
+            value = 1.0 if mask & bit else 0.0
+            out.append(_sample(cache, key, "gpu.clock_event_active", subject, value, labels))
+
+
+def _sample(
+    cache: dict[str, Sample], key: str, signal: str, subject: str, value: float, labels: Labels
+) -> Sample:
+    s = cache.get(key)
+    if s is None or s.value != value:
+        s = cache[key] = Sample(signal, subject, value, labels)
+    return s
+
+
+def add_slow(batch: Batch, index: int, r: SlowReading) -> None:
+    subject = gpu_subject(index)
+    for f in _SLOW_FIELDS:
+        v = getattr(r, f)
+        if v is not None:
+            batch.add(f"gpu.{f}", subject, float(v))
+    for cause, v in (("single_bit", r.retired_pages_sbe), ("double_bit", r.retired_pages_dbe)):
+        if v is not None:
+            batch.add("gpu.retired_pages", subject, float(v), labels_of(cause=cause))
+    if r.retired_pages_pending is not None:
+        batch.add("gpu.retired_pages_pending", subject, float(r.retired_pages_pending))
+    _add_labelled(batch, "gpu.clock_event_time", subject, "reason", r.clock_event_time)
+    _add_labelled(batch, "gpu.nvlink_errors", subject, "counter", r.nvlink_errors)
+    add_processes(batch, index, r.processes)
+
+
+def add_processes(batch: Batch, index: int, processes: tuple[ProcessReading, ...]) -> None:
+    """One process.gpu_memory per (process, GPU); a process on two GPUs gets two series."""
+    for p in processes:
+        subject = f"process:{p.pid}"
+        if p.used_memory is not None:
+            batch.add("process.gpu_memory", subject, p.used_memory, labels_of(gpu=str(index)))
+        if p.name:
+            batch.describe(subject, name=p.name)
+
+
+def _add_labelled(
+    batch: Batch, signal: str, subject: str, label: str, values: Mapping[str, float]
+) -> None:
+    for key in sorted(values):
+        batch.add(signal, subject, float(values[key]), labels_of({label: key}))
+
+
+def add_ages(batch: Batch, index: int, ages: Mapping[str, float]) -> None:
+    subject = gpu_subject(index)
+    for tier in sorted(ages):
+        labels = _TIER_LABELS.get(tier) or labels_of(tier=tier)
+        batch.samples.append(Sample("gpu.sample_age", subject, max(0.0, ages[tier]), labels))
+
+
+def gpu_batch(
+    static: StaticReading,
+    fast: FastReading | None,
+    slow: SlowReading | None,
+    ages: Mapping[str, float] | None = None,
+) -> Batch:
+    """All samples of one GPU, as the NVML collector makes them (gpu.lost = 0)."""
+    batch = Batch()
+    add_static(batch, static)
+    batch.add("gpu.lost", gpu_subject(static.index), 0.0)
+    if fast is not None:
+        add_fast(batch, static.index, fast)
+    if slow is not None:
+        add_slow(batch, static.index, slow)
+    if ages:
+        add_ages(batch, static.index, ages)
+    return batch

@@ -1,0 +1,272 @@
+"""Plain typed GPU readings shared by the live NVML backend, the recorded backend and the
+nvidia-smi dump readers, so that all three give the collector the same values.
+
+Every number is already in base units (ratio 0-1, bytes, hertz, watts, joules, celsius,
+seconds). ``None`` means the source cannot give the value (NVML NotSupported, nvidia-smi
+"N/A"): it is a value, not an error.
+
+Readings are split by cost (see moptd/catalog/gpu.py): ``StaticReading`` (identity,
+limits, modes, maxima) is read at start and on a slow refresh, ``FastReading`` every tick,
+``SlowReading`` (the NVML calls costing 0.1-3 ms) on a slower cadence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+# nvmlClocksEventReason* bits and the label values of gpu.clock_event_active. The same
+# table as moptd.daemon.views.CLOCK_EVENT_REASONS (collectors may not import the daemon).
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+# Label values of gpu.clock_event_time: the cumulative counters NVML keeps (field
+# values 74, 76, 269, 270, 271 and nvidia-smi's "Clocks Event Reasons Counters").
+CLOCK_EVENT_COUNTERS = (
+    "sw_power_cap",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+
+# The counters in the "costly" tier: NVML takes 0.6-3 ms of CPU for each (measured on an
+# H200, driver 580: field 270 635 µs, 271 619 µs, total energy 2.9 ms; other field values
+# about 5 µs), so they are read on their own, slower cadence.
+COSTLY_CLOCK_EVENT_COUNTERS = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+# Label values of gpu.nvlink_errors (NVML_NVLINK_ERROR_DL_* and the *_COUNT_TOTAL fields).
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
+
+
+class GpuLost(Exception):
+    """NVML says the GPU is gone or unusable (GPU_IS_LOST, UNKNOWN, RESET_REQUIRED)."""
+
+    def __init__(self, index: int, code: int, message: str) -> None:
+        super().__init__(f"GPU {index}: {message} (NVML error {code})")
+        self.index = index
+        self.code = code
+
+
+class NvmlCallError(Exception):
+    """Any other NVML failure of one query (timeout, IRQ issue...): the GPU stays usable."""
+
+    def __init__(self, index: int, code: int, message: str) -> None:
+        super().__init__(f"GPU {index}: {message} (NVML error {code})")
+        self.index = index
+        self.code = code
+
+
+class BackendUnavailable(Exception):
+    """No NVIDIA driver on this host (libnvidia-ml missing, driver not loaded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """One process with a context on a GPU. used_memory in bytes (None: not reported,
+    e.g. without permission or under MIG)."""
+
+    pid: int
+    used_memory: float | None = None
+    type: str = "C"  # C compute, G graphics, C+G both
+    name: str = ""  # what the source calls it (nvidia-smi prints it; NVML does not)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticReading:
+    """Identity, limits, modes and maxima: read at start and every static_interval."""
+
+    index: int
+    uuid: str = ""
+    pci_bus_id: str = ""  # normalised: lower-case dddd:bb:dd.f
+    name: str = ""
+    serial: str = ""
+    vbios: str = ""
+    driver_version: str = ""
+    sm_clock_max: float | None = None  # hertz; --query-gpu=clocks.max.sm
+    mem_clock_max: float | None = None  # hertz; clocks.max.memory
+    power_limit: float | None = None  # watts; enforced.power.limit
+    power_limit_default: float | None = None  # watts; power.default_limit
+    pcie_link_gen_max: float | None = None  # pcie.link.gen.max
+    pcie_link_width_max: float | None = None  # pcie.link.width.max
+    ecc_enabled: float | None = None  # 0/1; ecc.mode.current
+    ecc_pending: float | None = None  # 0/1; ecc.mode.pending
+    persistence_mode: float | None = None  # 0/1; persistence_mode
+    compute_mode: float | None = None  # 0-3; compute_mode
+    mig_mode: float | None = None  # 0/1; mig.mode.current
+
+
+@dataclass(frozen=True, slots=True)
+class FastReading:
+    """The cheap (about 2 µs per NVML call) dynamic values, read every tick."""
+
+    util: float | None = None  # ratio; utilization.gpu / 100
+    mem_util: float | None = None  # ratio; utilization.memory / 100
+    memory_total: float | None = None  # bytes; memory.total
+    memory_used: float | None = None  # bytes; memory.used
+    memory_free: float | None = None  # bytes; memory.free
+    memory_reserved: float | None = None  # bytes; memory.reserved
+    temperature: float | None = None  # celsius; temperature.gpu
+    power: float | None = None  # watts; power.draw
+    sm_clock: float | None = None  # hertz; clocks.sm
+    mem_clock: float | None = None  # hertz; clocks.mem
+    pstate: float | None = None  # 0-15, 32 unknown; pstate
+    clock_event_reasons: int | None = None  # bitmask; clocks_event_reasons.active
+
+
+@dataclass(frozen=True, slots=True)
+class SlowReading:
+    """The expensive counters (0.1-3 ms per NVML call), read every slow_interval."""
+
+    memory_temperature: float | None = None  # celsius; temperature.memory
+    energy: float | None = None  # joules; total_energy_consumption / 1000
+    bar1_total: float | None = None  # bytes (no --query-gpu field; -q "BAR1 Memory Usage")
+    bar1_used: float | None = None  # bytes
+    clock_event_time: Mapping[str, float] = field(default_factory=dict)  # seconds by reason
+    pcie_link_gen: float | None = None  # pcie.link.gen.current
+    pcie_link_width: float | None = None  # pcie.link.width.current
+    pcie_replays: float | None = None  # -q "Replays Since Reset"
+    ecc_volatile_corrected: float | None = None  # ecc.errors.corrected.volatile.total
+    ecc_volatile_uncorrected: float | None = None  # ecc.errors.uncorrected.volatile.total
+    ecc_aggregate_corrected: float | None = None  # ecc.errors.corrected.aggregate.total
+    ecc_aggregate_uncorrected: float | None = None  # ecc.errors.uncorrected.aggregate.total
+    retired_pages_sbe: float | None = None  # retired_pages.sbe
+    retired_pages_dbe: float | None = None  # retired_pages.dbe
+    retired_pages_pending: float | None = None  # 0/1; retired_pages.pending
+    remapped_rows_correctable: float | None = None  # remapped_rows.correctable
+    remapped_rows_uncorrectable: float | None = None  # remapped_rows.uncorrectable
+    remap_pending: float | None = None  # 0/1; remapped_rows.pending
+    remap_failure: float | None = None  # 0/1; remapped_rows.failure
+    nvlink_links_active: float | None = None  # links whose state is up
+    nvlink_errors: Mapping[str, float] = field(default_factory=dict)  # summed over links
+    recovery_action: float | None = None  # field 230; -q "GPU Recovery Action"
+    processes: tuple[ProcessReading, ...] = ()
+
+
+class GpuBackend(Protocol):
+    """What the NVML collector needs from a source of readings (live NVML or a recording).
+
+    A GPU is named by its NVML index. ``read_*`` may raise GpuLost (that GPU only) or
+    NvmlCallError; they may block (the collector calls them on a per-GPU thread).
+    """
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def device_count(self) -> int: ...
+    def read_static(self, index: int) -> StaticReading: ...
+    def read_fast(self, index: int) -> FastReading: ...
+    def read_slow(self, index: int) -> SlowReading:
+        """Everything of SlowReading except the costly values (see read_costly)."""
+        ...
+
+    def read_costly(self, index: int) -> SlowReading:
+        """Only energy and the COSTLY_CLOCK_EVENT_COUNTERS; other fields None/empty."""
+        ...
+
+    def wait_xid(self, timeout_ms: int) -> list[tuple[int, int]]:
+        """Block up to timeout_ms for Xid events; returns (gpu index, xid) pairs."""
+        ...
+
+
+def split_costly(r: SlowReading) -> tuple[SlowReading, SlowReading]:
+    """(the slow tier's part, the costly tier's part) of one full SlowReading."""
+    cheap = {k: v for k, v in r.clock_event_time.items() if k not in COSTLY_CLOCK_EVENT_COUNTERS}
+    dear = {k: v for k, v in r.clock_event_time.items() if k in COSTLY_CLOCK_EVENT_COUNTERS}
+    return (
+        dataclasses.replace(r, energy=None, clock_event_time=cheap),
+        SlowReading(energy=r.energy, clock_event_time=dear),
+    )
+
+
+def merge_costly(slow: SlowReading | None, costly: SlowReading | None) -> SlowReading | None:
+    """One SlowReading from the two tiers' latest parts."""
+    if costly is None:
+        return slow
+    if slow is None:
+        return costly
+    return dataclasses.replace(
+        slow,
+        energy=costly.energy,
+        clock_event_time={**slow.clock_event_time, **costly.clock_event_time},
+    )
+
+
+def normalise_pci_bus_id(raw: str) -> str:
+    """NVML's "00000000:3B:00.0" and nvidia-smi's forms -> "0000:3b:00.0" (bundle.md)."""
+    s = raw.strip().lower()
+    if ":" not in s:
+        return s
+    domain, rest = s.split(":", 1)
+    if len(domain) > 4:
+        domain = domain[-4:]
+    return f"{domain.zfill(4)}:{rest}"
+
+
+R = TypeVar("R", StaticReading, FastReading, SlowReading)
+
+
+def reading_to_dict(reading: StaticReading | FastReading | SlowReading) -> dict[str, Any]:
+    """A JSON-ready dict; None fields are left out to keep recordings small."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(reading):
+        v = getattr(reading, f.name)
+        if v is None or (isinstance(v, (dict, tuple)) and not v):
+            continue
+        if f.name == "processes":
+            v = [dataclasses.asdict(p) for p in v]
+        elif isinstance(v, Mapping):
+            v = dict(v)
+        out[f.name] = v
+    return out
+
+
+def reading_from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+    """Inverse of reading_to_dict; unknown keys are ignored, wrong types raise ValueError."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        v = data[f.name]
+        if f.name == "processes":
+            v = tuple(
+                ProcessReading(
+                    int(p["pid"]),
+                    _opt_float(p.get("used_memory")),
+                    str(p.get("type", "C")),
+                    str(p.get("name", "")),
+                )
+                for p in v
+            )
+        elif f.name in ("clock_event_time", "nvlink_errors"):
+            v = {str(k): float(x) for k, x in dict(v).items()}
+        elif f.name in ("index", "clock_event_reasons"):
+            v = None if v is None else int(v)
+        elif f.name in ("uuid", "pci_bus_id", "name", "serial", "vbios", "driver_version"):
+            v = str(v)
+        else:
+            v = _opt_float(v)
+        kwargs[f.name] = v
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _opt_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number, got {v!r}")
+    return float(v)

@@ -1,0 +1,528 @@
+"""The recorded NVML backend: replays readings captured from a real GPU host.
+
+Recording format (``moptd-nvml-recording/1``), JSON lines, one object per line:
+
+- line 1, the header: ``{"format": "moptd-nvml-recording/1", "driver_version": "580.159.04",
+  "gpus": 1, "source": "free text"}``
+- a reading: ``{"t": 1795969286.868, "gpu": 0, "tier": "static"|"fast"|"slow",
+  "reading": {...}}`` where ``reading`` holds the fields of StaticReading, FastReading or
+  SlowReading (moptd/collectors/gpu_readings.py) in base units; absent fields are None.
+- a fault, for tests and drills: ``{"t": ..., "gpu": 1, "tier": "fast", "fault": "lost"}``
+  (every later read of that GPU raises GpuLost), ``"fault": "hang", "seconds": 3``
+  (that read blocks, then the next entry is returned), ``"fault": "error", "code": 10``
+  (that read raises NvmlCallError).
+- an Xid event: ``{"t": ..., "gpu": 0, "xid": 79}``, delivered once by ``wait_xid``.
+
+Replay is by call, not by clock: each ``read_<tier>(gpu)`` returns that GPU's next entry of
+the tier and wraps around at the end. A "slow" entry holds both slow tiers: ``read_slow``
+returns it without the costly values, ``read_costly`` (its own cursor over the same
+entries) only them. ``replicate=N`` presents every recorded GPU N times
+(GPU i replays recorded GPU i % gpus) so an 8-GPU daemon can run from a 1-GPU recording.
+
+``read_samples`` turns a recording, or the plain nvml_samples.jsonl rows that a bundle's
+optional ``gpu/samples.jsonl`` holds, into timed batches.
+
+Command line::
+
+    python -m moptd.collectors.nvml_recorded record --out FILE --seconds N --interval S
+    python -m moptd.collectors.nvml_recorded build --dump nvsmi_idle.xml --dump nvsmi_load.xml \\
+        --samples nvml_samples.jsonl --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from moptd.collectors.gpu_batch import gpu_batch
+from moptd.collectors.gpu_readings import (
+    FastReading,
+    GpuLost,
+    NvmlCallError,
+    ProcessReading,
+    SlowReading,
+    StaticReading,
+    merge_costly,
+    reading_from_dict,
+    reading_to_dict,
+    split_costly,
+)
+from moptd.observations import Batch, gpu_subject
+
+FORMAT = "moptd-nvml-recording/1"
+TIERS = ("static", "fast", "slow")
+log = logging.getLogger(__name__)
+
+Reading = StaticReading | FastReading | SlowReading
+_CLASSES: dict[str, type[Any]] = {"static": StaticReading, "fast": FastReading, "slow": SlowReading}
+
+
+class RecordingError(Exception):
+    """A recording line that cannot be used; names the file, line and key."""
+
+    def __init__(self, path: Path | str, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = Path(path)
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    t: float
+    gpu: int
+    tier: str  # static | fast | slow
+    reading: Reading | None = None
+    fault: str = ""  # lost | hang | error
+    seconds: float = 0.0
+    code: int = 0
+
+
+@dataclass
+class Recording:
+    driver_version: str = ""
+    gpus: int = 0
+    source: str = ""
+    entries: list[Entry] = field(default_factory=list)
+    xids: list[tuple[float, int, int]] = field(default_factory=list)  # (t, gpu, xid)
+
+    def stream(self, gpu: int, tier: str) -> list[Entry]:
+        return [e for e in self.entries if e.gpu == gpu and e.tier == tier]
+
+
+def load_recording(path: Path) -> Recording:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordingError(path, 0, f"cannot read: {exc}") from None
+    return parse_recording(lines, path)
+
+
+def parse_recording(lines: Sequence[str], path: Path | str = "<recording>") -> Recording:
+    rec = Recording()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise RecordingError(path, lineno, "expected a JSON object")
+        try:
+            _take(rec, obj)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise RecordingError(path, lineno, _why(exc)) from None
+    if rec.gpus <= 0:
+        rec.gpus = 1 + max((e.gpu for e in rec.entries), default=-1)
+    if rec.gpus <= 0:
+        raise RecordingError(path, 1, "no GPU readings in the recording")
+    return rec
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing key {exc.args[0]!r}"
+    return str(exc)
+
+
+def _take(rec: Recording, obj: dict[str, Any]) -> None:
+    if "format" in obj:
+        if obj["format"] != FORMAT:
+            raise ValueError(f"key 'format': unsupported {obj['format']!r} (want {FORMAT})")
+        rec.driver_version = str(obj.get("driver_version", ""))
+        rec.gpus = int(obj.get("gpus", 0))
+        rec.source = str(obj.get("source", ""))
+        return
+    t = float(obj.get("t", 0.0))
+    gpu = int(obj["gpu"])
+    if gpu < 0:
+        raise ValueError(f"key 'gpu': negative index {gpu}")
+    if "xid" in obj:
+        rec.xids.append((t, gpu, int(obj["xid"])))
+        return
+    tier = obj["tier"]
+    if tier not in _CLASSES:
+        raise ValueError(f"key 'tier': {tier!r} is not one of {', '.join(TIERS)}")
+    if "fault" in obj:
+        fault = obj["fault"]
+        if fault not in ("lost", "hang", "error"):
+            raise ValueError(f"key 'fault': {fault!r} is not lost, hang or error")
+        rec.entries.append(
+            Entry(t, gpu, tier, None, fault, float(obj.get("seconds", 0)), int(obj.get("code", 0)))
+        )
+        return
+    data = obj["reading"]
+    if not isinstance(data, dict):
+        raise ValueError("key 'reading': expected an object")
+    reading = reading_from_dict(_CLASSES[tier], data)
+    if isinstance(reading, StaticReading):
+        reading = replace(reading, index=gpu)
+    rec.entries.append(Entry(t, gpu, tier, reading))
+
+
+def dump_recording(rec: Recording, out: TextIO) -> None:
+    header = {
+        "format": FORMAT,
+        "driver_version": rec.driver_version,
+        "gpus": rec.gpus,
+        "source": rec.source,
+    }
+    out.write(json.dumps(header) + "\n")
+    for e in rec.entries:
+        out.write(json.dumps(_entry_dict(e)) + "\n")
+    for t, gpu, xid in rec.xids:
+        out.write(json.dumps({"t": t, "gpu": gpu, "xid": xid}) + "\n")
+
+
+def _entry_dict(e: Entry) -> dict[str, Any]:
+    d: dict[str, Any] = {"t": round(e.t, 3), "gpu": e.gpu, "tier": e.tier}
+    if e.fault:
+        d.update(fault=e.fault, seconds=e.seconds, code=e.code)
+    elif e.reading is not None:
+        d["reading"] = reading_to_dict(e.reading)
+    return d
+
+
+class RecordedBackend:
+    """A GpuBackend over a Recording (see the module docstring)."""
+
+    def __init__(self, recording: Recording, replicate: int = 1) -> None:
+        if replicate < 1:
+            raise ValueError(f"replicate must be at least 1, not {replicate}")
+        self.recording = recording
+        self.replicate = replicate
+        self._streams = {
+            (g, tier): recording.stream(g, tier) for g in range(recording.gpus) for tier in TIERS
+        }
+        for g in range(recording.gpus):
+            self._streams[(g, "costly")] = self._streams[(g, "slow")]
+        self._cursor: dict[tuple[int, str], int] = {}
+        self._lost: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._xids = list(recording.xids)
+        self._closed = threading.Event()
+
+    @classmethod
+    def from_file(cls, path: Path, replicate: int = 1) -> RecordedBackend:
+        return cls(load_recording(path), replicate)
+
+    def init(self) -> None:
+        self._closed.clear()
+
+    def shutdown(self) -> None:
+        self._closed.set()
+
+    def driver_version(self) -> str:
+        return self.recording.driver_version
+
+    def device_count(self) -> int:
+        return self.recording.gpus * self.replicate
+
+    def _source(self, index: int) -> int:
+        if not 0 <= index < self.device_count():
+            raise NvmlCallError(index, 2, "no such GPU in the recording")
+        return index % self.recording.gpus
+
+    def _next(self, index: int, tier: str) -> Reading | None:
+        """The next entry of this GPU's tier; faults take effect here."""
+        while True:
+            with self._lock:
+                if index in self._lost:
+                    raise GpuLost(index, self._lost[index], "recorded: GPU is lost")
+                stream = self._streams[(self._source(index), tier)]
+                if not stream:
+                    return None
+                i = self._cursor.get((index, tier), 0)
+                self._cursor[(index, tier)] = (i + 1) % len(stream)
+                entry = stream[i]
+            if entry.fault == "lost":
+                with self._lock:
+                    self._lost[index] = entry.code or 15
+                continue
+            if entry.fault == "hang":
+                # Blocks like a hung NVML call; the shutdown event ends it early.
+                self._closed.wait(entry.seconds)
+                continue
+            if entry.fault == "error":
+                raise NvmlCallError(index, entry.code, "recorded NVML error")
+            return entry.reading
+
+    def read_static(self, index: int) -> StaticReading:
+        r = self._next(index, "static")
+        src = self._source(index)
+        if not isinstance(r, StaticReading):
+            return StaticReading(index=index, driver_version=self.recording.driver_version)
+        replica = index // self.recording.gpus
+        if replica == 0 and src == index:
+            return r
+        return replace(r, index=index, uuid=f"{r.uuid}-replica{replica}" if r.uuid else "")
+
+    def read_fast(self, index: int) -> FastReading:
+        r = self._next(index, "fast")
+        return r if isinstance(r, FastReading) else FastReading()
+
+    def read_slow(self, index: int) -> SlowReading:
+        r = self._next(index, "slow")
+        return split_costly(r)[0] if isinstance(r, SlowReading) else SlowReading()
+
+    def read_costly(self, index: int) -> SlowReading:
+        """The costly part of the slow stream (its own cursor: a slower cadence)."""
+        r = self._next(index, "costly")
+        return split_costly(r)[1] if isinstance(r, SlowReading) else SlowReading()
+
+    def wait_xid(self, timeout_ms: int) -> list[tuple[int, int]]:
+        with self._lock:
+            pending, self._xids = self._xids, []
+        if pending:
+            return [(gpu, xid) for _, gpu, xid in pending]
+        self._closed.wait(timeout_ms / 1000.0)
+        return []
+
+
+# --- building a recording from real captures ---------------------------------------
+
+
+def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
+    """A recording from nvidia-smi -q -x/-q dumps (static and slow tiers) and the
+    nvml_samples.jsonl capture (fast tier: util, memory used, power, temperature, clocks,
+    clock-event reasons, pstate; slow tier: PCIe generation and processes). Each sample
+    takes the static and slow values of the latest dump taken before it. Values the
+    captures do not hold stay None."""
+    from moptd.collectors.nvsmi import read_dump
+
+    loaded = sorted((read_dump(p) for p in dumps), key=lambda d: d.timestamp or 0.0)
+    if not loaded or not loaded[0].gpus:
+        raise ValueError("need at least one nvidia-smi dump with a GPU")
+    rec = Recording(
+        driver_version=loaded[0].driver_version,
+        gpus=len(loaded[0].gpus),
+        source="built from " + ", ".join(str(d.path.name) for d in loaded),
+    )
+    for g in loaded[0].gpus:
+        rec.entries.append(Entry(loaded[0].timestamp or 0.0, g.static.index, "static", g.static))
+    if samples is None:
+        for d in loaded:
+            for g in d.gpus:
+                t = d.timestamp or 0.0
+                rec.entries.append(Entry(t, g.static.index, "fast", g.fast))
+                rec.entries.append(Entry(t, g.static.index, "slow", g.slow))
+        return rec
+    rec.source += f", {samples.name}"
+    for lineno, line in enumerate(samples.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)
+            t = float(s["t"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RecordingError(samples, lineno, _why(exc)) from None
+        base = loaded[0]
+        for d in loaded:
+            if (d.timestamp or 0.0) <= t:
+                base = d
+        gpu = int(s.get("gpu", 0))
+        g = base.gpus[min(gpu, len(base.gpus) - 1)]
+        fast = FastReading(
+            util=_scale(s.get("util"), 0.01),
+            memory_total=g.fast.memory_total,
+            memory_used=_scale(s.get("mem_used"), 1),
+            memory_reserved=g.fast.memory_reserved,
+            temperature=_scale(s.get("temp"), 1),
+            power=_scale(s.get("power_mw"), 1e-3),
+            sm_clock=_scale(s.get("sm_clock"), 1e6),
+            mem_clock=_scale(s.get("mem_clock"), 1e6),
+            pstate=_scale(s.get("pstate"), 1),
+            clock_event_reasons=None
+            if s.get("clock_event_reasons") is None
+            else int(s["clock_event_reasons"]),
+        )
+        procs = tuple(ProcessReading(int(p[0]), float(p[1])) for p in s.get("procs") or [])
+        slow = replace(
+            g.slow,
+            pcie_link_gen=_scale(s.get("pcie_gen"), 1),
+            processes=procs,
+        )
+        rec.entries.append(Entry(t, gpu, "fast", fast))
+        rec.entries.append(Entry(t, gpu, "slow", slow))
+    return rec
+
+
+def _scale(v: Any, factor: float) -> float | None:
+    return None if v is None else float(v) * factor
+
+
+# --- bundle replay -------------------------------------------------------------------
+
+
+def read_samples(path: Path) -> list[tuple[float, Batch]]:
+    """A GPU timeline -> (t, batch) per fast reading, each batch carrying the latest
+    static and slow readings of that GPU. A "lost" fault gives a batch with gpu.lost = 1.
+
+    Two layouts are read: this module's recording format (first line the
+    ``moptd-nvml-recording/1`` header), and the plain rows of nvml_samples.jsonl that a
+    bundle's ``gpu/samples.jsonl`` holds (see moptd/diagnose/bundle.py): ``{"t": s,
+    "gpu": 0, "util": %, "mem_used": bytes, "power_mw": mW, "temp": C, "sm_clock": MHz,
+    "mem_clock": MHz, "clock_event_reasons": mask, "pstate": n, "pcie_gen": n, "procs":
+    [[pid, bytes], ...]}``. Raises RecordingError naming the line of bad input."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordingError(path, 0, f"cannot read: {exc}") from None
+    first = next((ln for ln in lines if ln.strip()), "")
+    rec = parse_recording(lines, path) if '"format"' in first else _rows(lines, path)
+    static: dict[int, StaticReading] = {}
+    slow: dict[int, SlowReading] = {}
+    out: list[tuple[float, Batch]] = []
+    for e in rec.entries:
+        if e.fault == "lost":
+            b = Batch()
+            b.add("gpu.lost", gpu_subject(e.gpu), 1.0)
+            out.append((e.t, b))
+        elif isinstance(e.reading, StaticReading):
+            static[e.gpu] = e.reading
+        elif isinstance(e.reading, SlowReading):
+            slow[e.gpu] = e.reading
+        elif isinstance(e.reading, FastReading):
+            st = static.get(e.gpu) or StaticReading(index=e.gpu)
+            out.append((e.t, gpu_batch(st, e.reading, slow.get(e.gpu))))
+    out.sort(key=lambda tb: tb[0])
+    return out
+
+
+def _rows(lines: Sequence[str], path: Path) -> Recording:
+    """nvml_samples.jsonl rows -> a Recording of fast (and PCIe/process slow) entries."""
+    rec = Recording(source=str(path))
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)
+            if not isinstance(s, dict):
+                raise ValueError("expected a JSON object")
+            t = float(s["t"])
+            gpu = int(s.get("gpu", 0))
+            fast = FastReading(
+                util=_scale(s.get("util"), 0.01),
+                memory_used=_scale(s.get("mem_used"), 1),
+                temperature=_scale(s.get("temp"), 1),
+                power=_scale(s.get("power_mw"), 1e-3),
+                sm_clock=_scale(s.get("sm_clock"), 1e6),
+                mem_clock=_scale(s.get("mem_clock"), 1e6),
+                pstate=_scale(s.get("pstate"), 1),
+                clock_event_reasons=None
+                if s.get("clock_event_reasons") is None
+                else int(s["clock_event_reasons"]),
+            )
+            procs = tuple(ProcessReading(int(p[0]), float(p[1])) for p in s.get("procs") or [])
+        except json.JSONDecodeError as exc:
+            raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            raise RecordingError(path, lineno, _why(exc)) from None
+        if gpu < 0:
+            raise RecordingError(path, lineno, f"key 'gpu': negative index {gpu}")
+        rec.entries.append(
+            Entry(
+                t,
+                gpu,
+                "slow",
+                SlowReading(pcie_link_gen=_scale(s.get("pcie_gen"), 1), processes=procs),
+            )
+        )
+        rec.entries.append(Entry(t, gpu, "fast", fast))
+    return rec
+
+
+# --- recording the live backend ----------------------------------------------------
+
+
+def record_live(out: TextIO, seconds: float, interval: float, slow_interval: float) -> int:
+    """Record the live NVML backend's readings; returns the number of entries written."""
+    from moptd.collectors.nvml_backend import NvmlBackend
+
+    backend = NvmlBackend()
+    backend.init()
+    rec = Recording(
+        driver_version=backend.driver_version(),
+        gpus=backend.device_count(),
+        source=f"moptd nvml_recorded record, interval {interval:g}s",
+    )
+    dump_recording(rec, out)
+    written = 0
+    end = time.monotonic() + seconds
+    next_slow = 0.0
+    first = True
+    try:
+        while time.monotonic() < end:
+            tick = time.monotonic()
+            tiers = ["fast"]
+            if first:
+                tiers.insert(0, "static")
+            if tick >= next_slow:
+                tiers.append("slow")
+                next_slow = tick + slow_interval
+            for gpu in range(rec.gpus):
+                for tier in tiers:
+                    out.write(json.dumps(_entry_dict(_read_entry(backend, gpu, tier))) + "\n")
+                    written += 1
+            out.flush()
+            first = False
+            time.sleep(max(0.0, interval - (time.monotonic() - tick)))
+    finally:
+        backend.shutdown()
+    return written
+
+
+def _read_entry(backend: Any, gpu: int, tier: str) -> Entry:
+    t = time.time()
+    try:
+        if tier == "slow":  # a recording's slow entry holds both slow tiers
+            reading = merge_costly(backend.read_slow(gpu), backend.read_costly(gpu))
+        else:
+            reading = getattr(backend, f"read_{tier}")(gpu)
+    except GpuLost as exc:
+        return Entry(t, gpu, tier, None, "lost", 0.0, exc.code)
+    except NvmlCallError as exc:
+        return Entry(t, gpu, tier, None, "error", 0.0, exc.code)
+    return Entry(t, gpu, tier, reading)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moptd.collectors.nvml_recorded")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="record the live NVML backend to a file")
+    rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--seconds", type=float, default=60.0)
+    rec.add_argument("--interval", type=float, default=1.0)
+    rec.add_argument("--slow-interval", type=float, default=5.0)
+    build = sub.add_parser("build", help="build a recording from nvidia-smi dumps + samples")
+    build.add_argument("--dump", type=Path, action="append", required=True)
+    build.add_argument("--samples", type=Path)
+    build.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        if args.command == "record":
+            with args.out.open("w", encoding="utf-8") as fh:
+                n = record_live(fh, args.seconds, args.interval, args.slow_interval)
+        else:
+            recording = from_captures(args.dump, args.samples)
+            with args.out.open("w", encoding="utf-8") as fh:
+                dump_recording(recording, fh)
+            n = len(recording.entries)
+    except Exception as exc:  # noqa: BLE001 - a command line reports, never tracebacks
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {n} entries to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

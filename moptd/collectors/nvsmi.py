@@ -1,0 +1,731 @@
+"""Readers of ``nvidia-smi -q -x`` (XML) and ``nvidia-smi -q`` (text) dumps.
+
+A dump becomes the same typed readings the NVML backend makes (moptd.collectors.
+gpu_readings) and, through ``dump_to_batch``, the same gpu.* samples the NVML collector
+emits, so rules run unchanged over a bundle. Names differ across driver branches
+("Clocks Throttle Reasons" before R535, "Clocks Event Reasons" after; "Power Draw" vs
+"Average Power Draw"; "GPU Reset Status" before the recovery-action field): each value
+lists the spellings it accepts.
+
+Tolerance: a value that does not parse is skipped and noted in ``NvsmiDump.problems``
+with its line; ``NvsmiError`` (with ``.path`` and ``.line``) is raised only when the file
+as a whole is not a readable nvidia-smi dump.
+
+Fields a dump does not carry (energy, NVLink state in ``-q``) stay None, like NVML's
+NotSupported. ``recovery_action`` on drivers before R570 is derived from "GPU Reset
+Status": Reset Required -> 1 (GPU reset), Drain and Reset Recommended -> 4, both "No" -> 0.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from moptd.collectors.gpu_batch import gpu_batch
+from moptd.collectors.gpu_readings import (
+    FastReading,
+    ProcessReading,
+    SlowReading,
+    StaticReading,
+    normalise_pci_bus_id,
+)
+from moptd.observations import Batch
+
+MIB = 1024 * 1024
+
+
+class NvsmiError(Exception):
+    """The file is not a readable nvidia-smi dump."""
+
+    def __init__(self, path: Path | str, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = Path(path)
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class NvsmiProblem:
+    line: int
+    key: str
+    message: str
+
+
+@dataclass(slots=True)
+class NvsmiGpu:
+    static: StaticReading
+    fast: FastReading
+    slow: SlowReading
+
+
+@dataclass(slots=True)
+class NvsmiDump:
+    path: Path
+    timestamp: float | None = None  # Unix seconds; the dump's clock read as UTC
+    driver_version: str = ""
+    cuda_version: str = ""
+    gpus: list[NvsmiGpu] = field(default_factory=list)  # index order, as nvidia-smi shows
+    problems: list[NvsmiProblem] = field(default_factory=list)
+
+
+# --- value parsers: text -> base units, None for N/A ------------------------------------
+
+_NUM = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_NA = frozenset({"n/a", "[n/a]", "not supported", "[not supported]", "unknown", ""})
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _number(s: str) -> float | None:
+    t = s.strip()
+    if t.lower() in _NA or t.lower().startswith("requested functionality"):
+        return None
+    m = _NUM.search(t)
+    if m is None:
+        raise _Bad(f"not a number: {t!r}")
+    return float(m.group())
+
+
+def _scaled(factor: float) -> Callable[[str], float | None]:
+    def conv(s: str) -> float | None:
+        v = _number(s)
+        return None if v is None else v * factor
+
+    return conv
+
+
+def _memory(s: str) -> float | None:
+    v = _number(s)
+    if v is None:
+        return None
+    unit = s.strip().split()[-1].lower() if len(s.split()) > 1 else "mib"
+    scale = {"kib": 1024, "mib": MIB, "gib": 1024 * MIB, "b": 1}.get(unit, MIB)
+    return v * scale
+
+
+def _flag(s: str) -> float | None:
+    t = s.strip().lower()
+    if t in _NA:
+        return None
+    if t in ("enabled", "yes", "active", "on", "true"):
+        return 1.0
+    if t in ("disabled", "no", "not active", "off", "false", "none"):
+        return 0.0
+    raise _Bad(f"not a yes/no value: {s.strip()!r}")
+
+
+def _pstate(s: str) -> float | None:
+    t = s.strip().upper()
+    if t.lower() in _NA:
+        return None
+    if re.fullmatch(r"P\d{1,2}", t):
+        return float(t[1:])
+    raise _Bad(f"not a performance state: {s.strip()!r}")
+
+
+_COMPUTE_MODES = {"default": 0.0, "exclusive_thread": 1.0, "prohibited": 2.0}
+_COMPUTE_MODES["exclusive_process"] = 3.0
+
+
+def _compute_mode(s: str) -> float | None:
+    t = s.strip().lower().replace(" ", "_")
+    if t in _NA:
+        return None
+    if t in _COMPUTE_MODES:
+        return _COMPUTE_MODES[t]
+    raise _Bad(f"unknown compute mode {s.strip()!r}")
+
+
+_RECOVERY = {
+    "none": 0.0,
+    "gpu reset": 1.0,
+    "reset": 1.0,
+    "node reboot": 2.0,
+    "reboot": 2.0,
+    "drain p2p": 3.0,
+    "drain and reset": 4.0,
+}
+
+
+def _recovery(s: str) -> float | None:
+    t = " ".join(s.strip().lower().replace("_", " ").split())
+    if t in _NA:
+        return None
+    if t in _RECOVERY:
+        return _RECOVERY[t]
+    return _number(s)  # a newer driver's numeric code
+
+
+# The clock-event bits, by the key suffix each dump format uses.
+_REASON_BITS_TEXT = {
+    "idle": 0x1,
+    "gpu idle": 0x1,
+    "applications clocks setting": 0x2,
+    "sw power cap": 0x4,
+    "hw slowdown": 0x8,
+    "sync boost": 0x10,
+    "sw thermal slowdown": 0x20,
+    "hw thermal slowdown": 0x40,
+    "hw power brake slowdown": 0x80,
+    "display clock setting": 0x100,
+}
+_REASON_BITS_XML = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clocks_setting": 0x100,
+    "display_clock_setting": 0x100,
+}
+_COUNTERS_TEXT = {
+    "sw power capping": "sw_power_cap",
+    "sync boost": "sync_boost",
+    "sw thermal slowdown": "sw_thermal_slowdown",
+    "hw thermal slowdown": "hw_thermal_slowdown",
+    "hw power braking": "hw_power_brake_slowdown",
+}
+_COUNTERS_XML = {
+    "sw_power_cap": "sw_power_cap",
+    "sync_boost": "sync_boost",
+    "sw_therm_slowdown": "sw_thermal_slowdown",
+    "hw_therm_slowdown": "hw_thermal_slowdown",
+    "hw_power_brake": "hw_power_brake_slowdown",
+}
+
+
+# --- a format-neutral view of one GPU's section -----------------------------------------
+
+
+@dataclass(slots=True)
+class _Node:
+    key: str  # normalised: lower case, single spaces (text) or the XML tag
+    value: str
+    line: int
+    children: list[_Node] = field(default_factory=list)
+
+    def child(self, key: str) -> _Node | None:
+        for c in self.children:
+            if c.key == key:
+                return c
+        return None
+
+    def find(self, path: str) -> _Node | None:
+        node: _Node | None = self
+        for part in path.split("/"):
+            if node is None:
+                return None
+            node = node.child(part)
+        return node
+
+    def walk(self) -> Iterator[_Node]:
+        for c in self.children:
+            yield c
+            yield from c.walk()
+
+
+class _Reader:
+    """Pulls typed values out of one GPU's tree, noting what did not parse."""
+
+    def __init__(self, root: _Node, problems: list[NvsmiProblem]) -> None:
+        self.root = root
+        self.problems = problems
+
+    def raw(self, *paths: str) -> _Node | None:
+        for p in paths:
+            n = self.root.find(p)
+            if n is not None and n.value.strip().lower() not in _NA:
+                return n
+        return None
+
+    def get(self, conv: Callable[[str], float | None], *paths: str) -> float | None:
+        n = self.raw(*paths)
+        if n is None:
+            return None
+        try:
+            return conv(n.value)
+        except _Bad as exc:
+            self.problems.append(NvsmiProblem(n.line, n.key, str(exc)))
+            return None
+
+    def text(self, *paths: str) -> str:
+        n = self.raw(*paths)
+        return n.value.strip() if n is not None else ""
+
+
+# --- text format ----------------------------------------------------------------------
+
+_GPU_HEADER = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_KV = re.compile(r"^(\s*)([^:]*?)\s*:\s?(.*)$")
+
+
+def _norm(key: str) -> str:
+    return " ".join(key.lower().split())
+
+
+def parse_text(text: str, path: Path | str = "<text>") -> NvsmiDump:
+    """``nvidia-smi -q`` output -> NvsmiDump (never raises on partial garbage)."""
+    dump = NvsmiDump(Path(path))
+    lines = text.splitlines()
+    header = _Node("", "", 0)
+    gpus: list[_Node] = []
+    stack: list[tuple[int, _Node]] = [(-1, header)]
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("="):
+            continue
+        m = _GPU_HEADER.match(line)
+        if m:
+            gpu = _Node("gpu", m.group(1), lineno)
+            gpus.append(gpu)
+            stack = [(0, gpu)]
+            continue
+        indent = len(line) - len(line.lstrip(" \t"))
+        kv = _KV.match(line)
+        if kv:
+            key, value = _norm(kv.group(2)), kv.group(3).strip()
+        else:
+            key, value = _norm(line), ""
+        while len(stack) > 1 and stack[-1][0] >= indent:
+            stack.pop()
+        node = _Node(key, value, lineno)
+        stack[-1][1].children.append(node)
+        stack.append((indent, node))
+    if not gpus and not any(c.key in ("driver version", "attached gpus") for c in header.children):
+        raise NvsmiError(path, 1, "not an nvidia-smi -q dump (no GPU section, no driver version)")
+    dump.driver_version = _first(header, "driver version")
+    dump.cuda_version = _first(header, "cuda version")
+    dump.timestamp = _timestamp(_first(header, "timestamp"))
+    for index, gpu in enumerate(gpus):
+        dump.gpus.append(_text_gpu(index, gpu, dump))
+    return dump
+
+
+def _first(node: _Node, key: str) -> str:
+    n = node.child(key)
+    return n.value.strip() if n is not None else ""
+
+
+def _text_gpu(index: int, root: _Node, dump: NvsmiDump) -> NvsmiGpu:
+    r = _Reader(root, dump.problems)
+    mhz = _scaled(1e6)
+    pct = _scaled(0.01)
+    static = StaticReading(
+        index=index,
+        uuid=r.text("gpu uuid"),
+        pci_bus_id=normalise_pci_bus_id(r.text("pci/bus id") or root.value),
+        name=r.text("product name"),
+        serial=r.text("serial number"),
+        vbios=r.text("vbios version"),
+        driver_version=dump.driver_version,
+        sm_clock_max=r.get(mhz, "max clocks/sm"),
+        mem_clock_max=r.get(mhz, "max clocks/memory"),
+        power_limit=r.get(
+            _number,
+            "gpu power readings/current power limit",
+            "power readings/enforced power limit",
+            "power readings/current power limit",
+        ),
+        power_limit_default=r.get(
+            _number, "gpu power readings/default power limit", "power readings/default power limit"
+        ),
+        pcie_link_gen_max=r.get(_number, "pci/gpu link info/pcie generation/max"),
+        pcie_link_width_max=r.get(_number, "pci/gpu link info/link width/max"),
+        ecc_enabled=r.get(_flag, "ecc mode/current"),
+        ecc_pending=r.get(_flag, "ecc mode/pending"),
+        persistence_mode=r.get(_flag, "persistence mode"),
+        compute_mode=r.get(_compute_mode, "compute mode"),
+        mig_mode=r.get(_flag, "mig mode/current"),
+    )
+    reasons = _reasons(
+        root.child("clocks event reasons") or root.child("clocks throttle reasons"),
+        _REASON_BITS_TEXT,
+    )
+    fast = FastReading(
+        util=r.get(pct, "utilization/gpu"),
+        mem_util=r.get(pct, "utilization/memory"),
+        memory_total=r.get(_memory, "fb memory usage/total"),
+        memory_used=r.get(_memory, "fb memory usage/used"),
+        memory_free=r.get(_memory, "fb memory usage/free"),
+        memory_reserved=r.get(_memory, "fb memory usage/reserved"),
+        temperature=r.get(_number, "temperature/gpu current temp"),
+        power=r.get(
+            _number,
+            "gpu power readings/average power draw",
+            "gpu power readings/power draw",
+            "power readings/power draw",
+            "gpu power readings/instantaneous power draw",
+        ),
+        sm_clock=r.get(mhz, "clocks/sm"),
+        mem_clock=r.get(mhz, "clocks/memory"),
+        pstate=r.get(_pstate, "performance state"),
+        clock_event_reasons=reasons,
+    )
+    counters = root.child("clocks event reasons counters") or root.child(
+        "clocks throttle reasons counters"
+    )
+    cet: dict[str, float] = {}
+    for c in counters.children if counters else []:
+        name = _COUNTERS_TEXT.get(c.key)
+        v = _safe(r, c, _scaled(1e-6))
+        if name and v is not None:
+            cet[name] = v
+    vol = _ecc_sums(root.find("ecc errors/volatile"))
+    agg = _ecc_sums(root.find("ecc errors/aggregate"))
+    slow = SlowReading(
+        memory_temperature=r.get(_number, "temperature/memory current temp"),
+        bar1_total=r.get(_memory, "bar1 memory usage/total"),
+        bar1_used=r.get(_memory, "bar1 memory usage/used"),
+        clock_event_time=cet,
+        pcie_link_gen=r.get(_number, "pci/gpu link info/pcie generation/current"),
+        pcie_link_width=r.get(_number, "pci/gpu link info/link width/current"),
+        pcie_replays=r.get(_number, "pci/replays since reset"),
+        ecc_volatile_corrected=vol[0],
+        ecc_volatile_uncorrected=vol[1],
+        ecc_aggregate_corrected=agg[0],
+        ecc_aggregate_uncorrected=agg[1],
+        retired_pages_sbe=r.get(
+            _number, "retired pages/single bit ecc", "retired pages/single bit ecc/retired count"
+        ),
+        retired_pages_dbe=r.get(
+            _number, "retired pages/double bit ecc", "retired pages/double bit ecc/retired count"
+        ),
+        retired_pages_pending=r.get(
+            _flag, "retired pages/pending page blacklist", "retired pages/pending page retirement"
+        ),
+        remapped_rows_correctable=r.get(_number, "remapped rows/correctable error"),
+        remapped_rows_uncorrectable=r.get(_number, "remapped rows/uncorrectable error"),
+        remap_pending=r.get(_flag, "remapped rows/pending"),
+        remap_failure=r.get(_flag, "remapped rows/remapping failure occurred"),
+        recovery_action=_recovery_of(
+            r,
+            "gpu recovery action",
+            "gpu reset status/reset required",
+            "gpu reset status/drain and reset recommended",
+        ),
+        processes=_text_processes(root.child("processes"), r),
+    )
+    return NvsmiGpu(static, fast, slow)
+
+
+def _safe(r: _Reader, n: _Node, conv: Callable[[str], float | None]) -> float | None:
+    try:
+        return conv(n.value)
+    except _Bad as exc:
+        r.problems.append(NvsmiProblem(n.line, n.key, str(exc)))
+        return None
+
+
+def _reasons(section: _Node | None, bits: dict[str, int]) -> int | None:
+    """The bitmask from the Active/Not Active lines; None when no line could be read."""
+    if section is None:
+        return None
+    mask = 0
+    seen = False
+    for n in section.walk():
+        key = n.key
+        for prefix in ("clocks_event_reason_", "clocks_throttle_reason_"):
+            key = key.removeprefix(prefix)
+        bit = bits.get(key)
+        state = n.value.strip().lower()
+        if bit is None or state not in ("active", "not active"):
+            continue
+        seen = True
+        if state == "active":
+            mask |= bit
+    return mask if seen else None
+
+
+def _ecc_sums(section: _Node | None) -> tuple[float | None, float | None]:
+    """(corrected, uncorrected) totals of one ECC section, in every format seen:
+    R535+ SRAM/DRAM lines, and the older Single Bit/Double Bit ... Total lines."""
+    if section is None:
+        return None, None
+    corrected: float | None = None
+    uncorrected: float | None = None
+    for n in section.walk():
+        key = n.key.replace("_", " ")
+        try:
+            v = _number(n.value)
+        except _Bad:
+            continue
+        if v is None or "threshold" in key:
+            continue
+        if key in ("single bit", "double bit") or key.startswith("aggregate"):
+            continue
+        if key in ("total",) or "total" in key:
+            parent_key = _parent_key(section, n)
+            if parent_key in ("single bit", "single_bit"):
+                corrected = (corrected or 0.0) + v
+            elif parent_key in ("double bit", "double_bit"):
+                uncorrected = (uncorrected or 0.0) + v
+            continue
+        if "uncorrectable" in key:
+            uncorrected = (uncorrected or 0.0) + v
+        elif "correctable" in key:
+            corrected = (corrected or 0.0) + v
+    return corrected, uncorrected
+
+
+def _parent_key(root: _Node, target: _Node) -> str:
+    for n in [root, *root.walk()]:
+        if target in n.children:
+            return n.key
+    return ""
+
+
+def _recovery_of(r: _Reader, action: str, reset: str, drain: str) -> float | None:
+    v = r.get(_recovery, action)
+    if v is not None:
+        return v
+    need_reset = r.get(_flag, reset)
+    need_drain = r.get(_flag, drain)
+    if need_drain == 1.0:
+        return 4.0
+    if need_reset == 1.0:
+        return 1.0
+    if need_reset == 0.0:
+        return 0.0
+    return None
+
+
+def _text_processes(section: _Node | None, r: _Reader) -> tuple[ProcessReading, ...]:
+    """The "Process ID" blocks, whether their details are nested under it or follow it."""
+    if section is None:
+        return ()
+    out: list[ProcessReading] = []
+    pid: int | None = None
+    mem: float | None = None
+    kind = "C"
+    name = ""
+
+    def flush() -> None:
+        if pid is not None:
+            out.append(ProcessReading(pid, mem, kind, name))
+
+    for n in section.walk():
+        if n.key == "process id":
+            flush()
+            pid, mem, kind, name = None, None, "C", ""
+            pv = _safe(r, n, _number)
+            pid = int(pv) if pv is not None and pv >= 0 else None
+        elif n.key == "type":
+            kind = n.value.strip() or "C"
+        elif n.key == "name":
+            name = n.value.strip()
+        elif n.key == "used gpu memory":
+            mem = _safe(r, n, _memory)
+    flush()
+    return tuple(out)
+
+
+_TIME_FORMATS = ("%a %b %d %H:%M:%S %Y", "%a %b %d %H:%M:%S %Z %Y")
+
+
+def _timestamp(s: str) -> float | None:
+    """nvidia-smi's local-looking time (e.g. "Sun Nov 29 16:22:13 2026"), read as UTC."""
+    t = " ".join(s.split())
+    if not t:
+        return None
+    for fmt in _TIME_FORMATS:
+        try:
+            return float(calendar.timegm(time.strptime(t, fmt)))
+        except ValueError:
+            continue
+    return None
+
+
+# --- XML format -------------------------------------------------------------------------
+
+
+def _tree(el: ET.Element) -> _Node:
+    node = _Node(el.tag, (el.text or "").strip(), 0)
+    for child in el:
+        node.children.append(_tree(child))
+    return node
+
+
+def parse_xml(text: str, path: Path | str = "<xml>") -> NvsmiDump:
+    """``nvidia-smi -q -x`` output -> NvsmiDump. Malformed XML is unreadable as a whole."""
+    # The DOCTYPE names a DTD file that is never fetched; drop it so no parser tries.
+    body = re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1)
+    try:
+        root = ET.fromstring(body)  # noqa: S314 - local nvidia-smi output
+    except ET.ParseError as exc:
+        line = exc.position[0]
+        raise NvsmiError(path, line, f"malformed XML: {exc}") from None
+    if root.tag != "nvidia_smi_log":
+        raise NvsmiError(path, 1, f"not an nvidia-smi -q -x dump (root element <{root.tag}>)")
+    dump = NvsmiDump(Path(path))
+    top = _tree(root)
+    dump.driver_version = _first(top, "driver_version")
+    dump.cuda_version = _first(top, "cuda_version")
+    dump.timestamp = _timestamp(_first(top, "timestamp"))
+    index = 0
+    for el in root.findall("gpu"):
+        node = _tree(el)
+        node.value = el.get("id", "")
+        dump.gpus.append(_xml_gpu(index, node, dump))
+        index += 1
+    return dump
+
+
+def _xml_gpu(index: int, root: _Node, dump: NvsmiDump) -> NvsmiGpu:
+    r = _Reader(root, dump.problems)
+    mhz = _scaled(1e6)
+    pct = _scaled(0.01)
+    static = StaticReading(
+        index=index,
+        uuid=r.text("uuid"),
+        pci_bus_id=normalise_pci_bus_id(r.text("pci/pci_bus_id") or root.value),
+        name=r.text("product_name"),
+        serial=r.text("serial"),
+        vbios=r.text("vbios_version"),
+        driver_version=dump.driver_version,
+        sm_clock_max=r.get(mhz, "max_clocks/sm_clock"),
+        mem_clock_max=r.get(mhz, "max_clocks/mem_clock"),
+        power_limit=r.get(
+            _number,
+            "gpu_power_readings/current_power_limit",
+            "power_readings/enforced_power_limit",
+            "power_readings/current_power_limit",
+        ),
+        power_limit_default=r.get(
+            _number, "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"
+        ),
+        pcie_link_gen_max=r.get(_number, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
+        pcie_link_width_max=r.get(_number, "pci/pci_gpu_link_info/link_widths/max_link_width"),
+        ecc_enabled=r.get(_flag, "ecc_mode/current_ecc"),
+        ecc_pending=r.get(_flag, "ecc_mode/pending_ecc"),
+        persistence_mode=r.get(_flag, "persistence_mode"),
+        compute_mode=r.get(_compute_mode, "compute_mode"),
+        mig_mode=r.get(_flag, "mig_mode/current_mig"),
+    )
+    reasons = _reasons(
+        root.child("clocks_event_reasons") or root.child("clocks_throttle_reasons"),
+        _REASON_BITS_XML,
+    )
+    fast = FastReading(
+        util=r.get(pct, "utilization/gpu_util"),
+        mem_util=r.get(pct, "utilization/memory_util"),
+        memory_total=r.get(_memory, "fb_memory_usage/total"),
+        memory_used=r.get(_memory, "fb_memory_usage/used"),
+        memory_free=r.get(_memory, "fb_memory_usage/free"),
+        memory_reserved=r.get(_memory, "fb_memory_usage/reserved"),
+        temperature=r.get(_number, "temperature/gpu_temp"),
+        power=r.get(
+            _number,
+            "gpu_power_readings/average_power_draw",
+            "gpu_power_readings/power_draw",
+            "power_readings/power_draw",
+            "gpu_power_readings/instant_power_draw",
+        ),
+        sm_clock=r.get(mhz, "clocks/sm_clock"),
+        mem_clock=r.get(mhz, "clocks/mem_clock"),
+        pstate=r.get(_pstate, "performance_state"),
+        clock_event_reasons=reasons,
+    )
+    cet: dict[str, float] = {}
+    counters = root.child("clocks_event_reasons_counters") or root.child(
+        "clocks_throttle_reasons_counters"
+    )
+    for c in counters.children if counters else []:
+        key = c.key.removeprefix("clocks_event_reasons_counters_").removeprefix(
+            "clocks_throttle_reasons_counters_"
+        )
+        name = _COUNTERS_XML.get(key)
+        v = _safe(r, c, _scaled(1e-6)) if c.value.lower() not in _NA else None
+        if name and v is not None:
+            cet[name] = v
+    vol = _ecc_sums(root.find("ecc_errors/volatile"))
+    agg = _ecc_sums(root.find("ecc_errors/aggregate"))
+    slow = SlowReading(
+        memory_temperature=r.get(_number, "temperature/memory_temp"),
+        bar1_total=r.get(_memory, "bar1_memory_usage/total"),
+        bar1_used=r.get(_memory, "bar1_memory_usage/used"),
+        clock_event_time=cet,
+        pcie_link_gen=r.get(_number, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
+        pcie_link_width=r.get(_number, "pci/pci_gpu_link_info/link_widths/current_link_width"),
+        pcie_replays=r.get(_number, "pci/replay_counter"),
+        ecc_volatile_corrected=vol[0],
+        ecc_volatile_uncorrected=vol[1],
+        ecc_aggregate_corrected=agg[0],
+        ecc_aggregate_uncorrected=agg[1],
+        retired_pages_sbe=r.get(
+            _number, "retired_pages/multiple_single_bit_retirement/retired_count"
+        ),
+        retired_pages_dbe=r.get(_number, "retired_pages/double_bit_retirement/retired_count"),
+        retired_pages_pending=r.get(
+            _flag, "retired_pages/pending_blacklist", "retired_pages/pending_retirement"
+        ),
+        remapped_rows_correctable=r.get(_number, "remapped_rows/remapped_row_corr"),
+        remapped_rows_uncorrectable=r.get(_number, "remapped_rows/remapped_row_unc"),
+        remap_pending=r.get(_flag, "remapped_rows/remapped_row_pending"),
+        remap_failure=r.get(_flag, "remapped_rows/remapped_row_failure"),
+        recovery_action=_recovery_of(
+            r,
+            "gpu_recovery_action",
+            "gpu_reset_status/reset_required",
+            "gpu_reset_status/drain_and_reset_recommended",
+        ),
+        processes=_xml_processes(root.child("processes"), r),
+    )
+    return NvsmiGpu(static, fast, slow)
+
+
+def _xml_processes(section: _Node | None, r: _Reader) -> tuple[ProcessReading, ...]:
+    out: list[ProcessReading] = []
+    for p in section.children if section else []:
+        if p.key != "process_info":
+            continue
+        pid_node = p.child("pid")
+        pid = _safe(r, pid_node, _number) if pid_node else None
+        if pid is None:
+            continue
+        mem_node = p.child("used_memory")
+        out.append(
+            ProcessReading(
+                int(pid),
+                _safe(r, mem_node, _memory) if mem_node else None,
+                _first(p, "type") or "C",
+                _first(p, "process_name"),
+            )
+        )
+    return tuple(out)
+
+
+# --- entry points -----------------------------------------------------------------------
+
+
+def parse_dump(text: str, path: Path | str = "<dump>") -> NvsmiDump:
+    """Auto-detects XML or text."""
+    head = text.lstrip()[:200]
+    if head.startswith("<?xml") or head.startswith("<nvidia_smi_log") or "<!DOCTYPE" in head:
+        return parse_xml(text, path)
+    return parse_text(text, path)
+
+
+def read_dump(path: Path) -> NvsmiDump:
+    """Read one ``nvidia-smi -q`` or ``-q -x`` file; raises NvsmiError when unreadable."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise NvsmiError(path, 0, f"cannot read: {exc.strerror or exc}") from None
+    return parse_dump(data.decode("utf-8", errors="replace"), path)
+
+
+def dump_to_batch(dump: NvsmiDump) -> Batch:
+    """The gpu.* (and process.gpu_memory) samples the NVML collector would have made."""
+    batch = Batch()
+    for g in dump.gpus:
+        batch.extend(gpu_batch(g.static, g.fast, g.slow))
+    return batch
