@@ -46,6 +46,15 @@ SIGNALS = [
         "moptd_collector_failures_total",
     ),
     SignalSpec(
+        "findings.store_ok",
+        "gauge",
+        "bool",
+        "1 while the findings database (state_dir/findings.db) is written to disk; 0 while "
+        "it runs in memory after a full disk or an unusable file (see /v1/health).",
+        "node",
+        "moptd_findings_store_ok",
+    ),
+    SignalSpec(
         "finding.active",
         "gauge",
         "bool",

@@ -82,7 +82,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         json.dump(view, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
+        from moptd.cli.render_explain import print_status_findings
+
         render.print_status(view)
+        print_status_findings(view)
     return 0
 
 

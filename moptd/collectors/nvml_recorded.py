@@ -118,7 +118,7 @@ def parse_recording(lines: Sequence[str], path: Path | str = "<recording>") -> R
             raise RecordingError(path, lineno, "expected a JSON object")
         try:
             _take(rec, obj)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:  # inf as an index
             raise RecordingError(path, lineno, _why(exc)) from None
     if rec.gpus <= 0:
         rec.gpus = 1 + max((e.gpu for e in rec.entries), default=-1)

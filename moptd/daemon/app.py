@@ -18,12 +18,13 @@ from moptd.clock import SystemClock
 from moptd.collectors.base import Collector, CollectorContext, load_all
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
-from moptd.daemon.api import make_api_app
+from moptd.daemon.api import ApiAuth, load_token, make_api_app
 from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.runtime import CollectorRuntime
-from moptd.diagnose.loader import RuleError
 from moptd.diagnose.model import Transition
 from moptd.diagnose.service import RuleService
+from moptd.findings.db import FILE_NAME, FindingsDB
+from moptd.findings.service import Diagnosis
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
@@ -87,41 +88,33 @@ class Daemon:
         self.runtime = make_runtime(config, self.store)
         self.rules = RuleService(self.store, self.clock, config.rule_paths)
         self.transition_listeners: list[Callable[[list[Transition]], None]] = []
+        # Ticks the rules (every rule_interval, and at once when an event arrives), keeps
+        # every transition and event in state_dir/findings.db, feeds /v1/events.
+        self.diagnosis = Diagnosis(
+            self.store,
+            self.rules,
+            FindingsDB(config.state_dir / FILE_NAME),
+            interval=config.rule_interval,
+            before_tick=self._set_missing,
+            listeners=self.transition_listeners,
+        )
+        self._reload: asyncio.Task[list[str]] | None = None
         self.started = time.time()
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
 
-    def reload_rules(self) -> list[RuleError]:
-        """SIGHUP: load the rule files again; a bad set is refused and the last good one
-        stays in force."""
-        errors = self.rules.reload()
-        if not errors:
-            log.info("rules reloaded")
-        return errors
-
-    def evaluate_rules(self) -> list[Transition]:
+    def _set_missing(self) -> None:
         self.rules.missing = missing_namespaces(self.runtime)
-        transitions = self.rules.tick()
-        self.store.ingest("rules", self.rules.findings_batch())
-        if transitions:
-            for listener in self.transition_listeners:
-                listener(transitions)
-        return transitions
 
-    async def _rule_loop(self) -> None:
-        interval = self.config.rule_interval
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.evaluate_rules()
-            except Exception:  # a rule-engine bug must not stop collection or scrapes
-                log.exception("rule evaluation failed")
+    def _sighup(self) -> None:
+        # read off the loop, applied on it; findings of removed rules are recorded resolved
+        self._reload = asyncio.ensure_future(self.diagnosis.reload())
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload_rules)
+        loop.add_signal_handler(signal.SIGHUP, self._sighup)
         if self.rules.errors:
             log.error(
                 "rules not loaded (%d errors); running without rules until they are fixed "
@@ -129,15 +122,16 @@ class Daemon:
                 len(self.rules.errors),
             )
         ensure_dir(self.config.state_dir, 0o750)
+        await self.diagnosis.start()
         try:
             await self._serve()
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             await self._shutdown()
+            await self.diagnosis.stop()
             return 1
         await self.runtime.start()
         watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
-        rule_loop = asyncio.create_task(self._rule_loop(), name="rules")
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(30):
@@ -148,12 +142,12 @@ class Daemon:
         finally:
             sdnotify.notify("STOPPING=1")
             log.info("moptd stopping")
-            for task in (rule_loop, watchdog):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
             await self.runtime.stop()
             await self._shutdown()
+            await self.diagnosis.stop()
         return 0
 
     async def _watchdog(self) -> None:
@@ -181,7 +175,11 @@ class Daemon:
             host, port = split_listen(cfg.exporter_listen)
             await web.TCPSite(runner, host, port).start()
             log.info("exporter listening on http://%s/metrics", cfg.exporter_listen)
-        api = web.AppRunner(make_api_app(self.store, self.runtime, self.started), access_log=None)
+        auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
+        api = web.AppRunner(
+            make_api_app(self.store, self.runtime, self.started, self.diagnosis, auth),
+            access_log=None,
+        )
         await api.setup()
         self._runners.append(api)
         sock = cfg.api_socket
@@ -196,6 +194,10 @@ class Daemon:
             except (KeyError, PermissionError) as exc:
                 log.warning("cannot give %s to group %s: %s", sock, cfg.api_group, exc)
         log.info("API listening on %s", sock)
+        if cfg.api_listen:
+            host, port = split_listen(cfg.api_listen)
+            await web.TCPSite(api, host, port).start()
+            log.info("API listening on http://%s/v1/", cfg.api_listen)
 
     async def _shutdown(self) -> None:
         for runner in reversed(self._runners):

@@ -102,3 +102,51 @@ def status_view(
         | {f"node.{f}": CATALOG[f"node.{f}"].unit for f in _NODE_FIELDS},
         "store": store.stats(),
     }
+
+
+def snapshot_view(store: SignalStore, only: str | None = None) -> dict[str, Any]:
+    """The latest value of every signal, per subject (gpu:N, node, serving:NAME, ...)."""
+    snap = store.snapshot()
+    subjects: dict[str, dict[str, Any]] = {}
+    for s in snap.samples:
+        if only is not None and s.subject != only:
+            continue
+        entry = subjects.setdefault(
+            s.subject, {"attrs": snap.attrs.get(s.subject, {}), "signals": {}}
+        )
+        value = _num(s.value)
+        if s.labels:
+            entry["signals"].setdefault(s.signal, []).append(
+                {"labels": dict(s.labels), "value": value}
+            )
+        else:
+            entry["signals"][s.signal] = value
+    if only is not None and only not in subjects:
+        subjects[only] = {"attrs": snap.attrs.get(only, {}), "signals": {}}
+    return {"taken_at": snap.taken_at, "subjects": dict(sorted(subjects.items()))}
+
+
+def rules_view(rules: Any) -> dict[str, Any]:
+    """The rule set in force (a moptd.diagnose RuleService)."""
+    out = []
+    for r in rules.ruleset.rules:
+        out.append(
+            {
+                "id": r.id,
+                "title": r.title,
+                "layer": r.layer,
+                "scope": r.scope,
+                "status": r.status,
+                "enabled": r.enabled,
+                "for_seconds": r.for_,
+                "keep_firing_for_seconds": r.keep_firing_for,
+                "codes": sorted({v.code for v in r.verdicts()}),
+                "file": r.file,
+                "line": r.line,
+            }
+        )
+    return {
+        "files": list(rules.ruleset.files),
+        "rules": out,
+        "errors": [str(e) for e in getattr(rules, "errors", [])],
+    }

@@ -1,0 +1,132 @@
+"""`moptd record --duration D --out DIR|FILE.tar.gz`: a bundle from the live host."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from moptd.cli import EXIT_USAGE
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("record", help="record a bundle (spec/bundle.md) from this host")
+    p.add_argument(
+        "--duration", required=True, metavar="D", help="how long to sample (e.g. 30s, 5m)"
+    )
+    p.add_argument(
+        "--interval",
+        default="5s",
+        metavar="I",
+        help="time between GPU dumps and serving scrapes (default 5s)",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR|FILE.tar.gz", help="a new directory, or a .tar.gz file"
+    )
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a note for bundle.yaml (repeatable)",
+    )
+    p.add_argument("--config", metavar="PATH", help="configuration file (serving endpoints)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_record)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from moptd.cli.commands import load
+    from moptd.durations import parse_duration
+    from moptd.record.writer import Recorder, RecordOptions
+
+    try:
+        duration = parse_duration(args.duration)
+        interval = parse_duration(args.interval)
+    except ValueError as exc:
+        print(f"moptd record: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if interval <= 0:
+        print("moptd record: --interval must be more than 0", file=sys.stderr)
+        return EXIT_USAGE
+    config = load(args)
+    if config is None:
+        return EXIT_USAGE
+    try:
+        serving = serving_sources(config)
+    except ValueError as exc:
+        print(f"moptd record: {config.source}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    opts = RecordOptions(
+        duration, interval, procfs=config.procfs, serving=serving, extra_notes=args.note
+    )
+    out = Path(args.out)
+    with _progress(args.quiet) as progress:
+        try:
+            result = Recorder(opts, progress).record(out)
+        except (FileExistsError, OSError) as exc:
+            print(f"moptd record: {exc}", file=sys.stderr)
+            return 1
+    print(f"bundle written to {result.path} ({len(result.files)} files)")
+    for note in result.notes:
+        print(f"  not captured: {note}")
+    return 0
+
+
+def serving_sources(config: Any) -> list[Any]:
+    from moptd.record.writer import ServingSource
+    from moptd.serving.spec import parse_endpoints, parse_managed
+
+    cc = config.collectors.get("serving")
+    if cc is None:
+        return []
+    out: dict[str, ServingSource] = {}
+    for ep in parse_endpoints(cc.options.get("endpoints") or []):
+        out[ep.name] = ServingSource(ep.name, ep.url.rstrip("/") + ep.metrics_path)
+    managed = parse_managed(cc.options.get("managed") or None)
+    if managed is not None:
+        ep = managed.endpoint()
+        out[managed.name] = ServingSource(
+            managed.name,
+            ep.url + ep.metrics_path,
+            managed.log_file,
+            managed.command,
+            managed.model_dir,
+        )
+    return list(out.values())
+
+
+class _progress:
+    """A progress bar on a terminal, a line per stage otherwise (stderr either way)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self._bar: Any = None
+        self._task: Any = None
+        self._last = ""
+
+    def __enter__(self) -> Any:
+        if self.quiet:
+            return lambda _what, _done: None
+        if sys.stderr.isatty():
+            from rich.progress import Progress
+
+            self._bar = Progress(transient=True)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("recording", total=1.0)
+            return self._update_bar
+        return self._update_lines
+
+    def _update_bar(self, what: str, done: float) -> None:
+        self._bar.update(self._task, completed=done, description=what)
+
+    def _update_lines(self, what: str, done: float) -> None:
+        stage = what.split(" (")[0]
+        if stage != self._last:
+            print(f"moptd record: {what}", file=sys.stderr)
+            self._last = stage
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)

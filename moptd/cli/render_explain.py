@@ -1,0 +1,195 @@
+"""`moptd explain` for people: what is wrong, why moptd thinks so, and what to do.
+
+Meant to be read at 3 a.m.: severity and code first, then the summary, the decision path
+with the values each condition saw, the evidence with its times, and numbered actions.
+Colour on a terminal; rich drops it (and keeps the layout) when the output is piped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rich.console import Console, Group
+from rich.text import Text
+from rich.tree import Tree
+
+_SEVERITY_STYLE = {
+    "critical": "bold white on red",
+    "warning": "bold black on yellow",
+    "info": "bold white on blue",
+}
+_MARK = {True: ("✓", "green"), False: ("✗", "dim"), None: ("?", "yellow")}
+
+
+def when(t: Any) -> str:
+    if t is None or t == "":
+        return "-"
+    stamp = dt.datetime.fromtimestamp(float(t), tz=dt.UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ago(t: Any, now: float) -> str:
+    if t is None:
+        return ""
+    secs = max(0, int(now - float(t)))
+    if secs < 120:
+        return f"{secs}s ago"
+    if secs < 7200:
+        return f"{secs // 60}m ago"
+    if secs < 172800:
+        return f"{secs // 3600}h {secs % 3600 // 60}m ago"
+    return f"{secs // 86400}d ago"
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "unknown"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _header(f: dict[str, Any]) -> Text:
+    sev = str(f.get("severity", "info"))
+    t = Text()
+    t.append(f" {sev.upper()} ", style=_SEVERITY_STYLE.get(sev, "bold"))
+    t.append(" ")
+    t.append(str(f.get("code", "?")), style="bold")
+    t.append("  ")
+    t.append(str(f.get("subject", "?")), style="bold cyan")
+    ident = [f"{k} {f[k]}" for k in ("uuid", "pci_bus_id") if f.get(k)]
+    if ident:
+        t.append(f"  ({', '.join(ident)})")
+    if f.get("id") is not None:
+        t.append(f"  #{f['id']}", style="dim")
+    return t
+
+
+def _path_tree(f: dict[str, Any]) -> Tree:
+    tree = Tree(Text(f"Decision path (rule {f.get('rule', '?')})", style="bold"))
+    steps = f.get("steps") or []
+    taken = set(f.get("path") or [])
+    if not steps:
+        for node in f.get("path") or []:
+            tree.add(Text(f"✓ {node}", style="green"))
+        return tree
+    for s in steps:
+        mark, style = _MARK.get(s.get("value"), ("?", "yellow"))
+        line = Text(f"{mark} ", style=style)
+        line.append(str(s.get("node", "")), style="bold" if s.get("node") in taken else "")
+        line.append(f": {s.get('cond', '')}")
+        line.append(f"  → {_value(s.get('value'))}", style=style)
+        branch = tree.add(line)
+        for seen in s.get("seen") or []:
+            branch.add(
+                Text(
+                    f"{seen.get('name')} = {seen.get('text') or _value(seen.get('value'))}",
+                    style="dim" if s.get("value") is False else "",
+                )
+            )
+    return tree
+
+
+def _evidence(f: dict[str, Any]) -> list[Text]:
+    lines: list[Text] = []
+    for ev in f.get("events") or []:
+        t = Text(f"  {when(ev.get('t'))}  ", style="dim")
+        t.append(f"{ev.get('stream', '')}  ", style="cyan")
+        t.append(str(ev.get("text") or ev.get("fields") or ""))
+        lines.append(t)
+    for name, value in (f.get("evidence") or {}).items():
+        lines.append(Text(f"  {name} = {_value(value)}"))
+    return lines
+
+
+def finding_block(f: dict[str, Any], now: float) -> Group:
+    parts: list[Any] = [_header(f)]
+    since = f.get("first_seen") or f.get("pending_since")
+    state = str(f.get("state", "firing"))
+    line = Text(f"  {state} since {when(since)}")
+    if since is not None:
+        line.append(f" ({ago(since, now)})", style="dim")
+    if f.get("resolved_at"):
+        line.append(f", resolved {when(f['resolved_at'])}")
+    parts.append(line)
+    if f.get("summary"):
+        parts.append(Text(f"  {f['summary']}", style="bold"))
+    parts.append(Text(""))
+    parts.append(_path_tree(f))
+    ev = _evidence(f)
+    parts.append(Text("Evidence", style="bold"))
+    parts.extend(ev or [Text("  (none recorded)", style="dim")])
+    nvidia = f.get("nvidia_actions") or []
+    if nvidia:
+        parts.append(Text("NVIDIA recommends", style="bold"))
+        parts.extend(Text(f"  {i}. {a}") for i, a in enumerate(nvidia, 1))
+    actions = f.get("actions") or []
+    parts.append(Text("What to do (moptd)", style="bold"))
+    if actions:
+        parts.extend(Text(f"  {i}. {a}") for i, a in enumerate(actions, 1))
+    else:
+        parts.append(Text("  (no action given by the rule)", style="dim"))
+    if f.get("runbook"):
+        parts.append(Text(f"  runbook: {f['runbook']}", style="dim"))
+    related = f.get("related") or []
+    if related:
+        parts.append(Text("Related findings (same incident)", style="bold"))
+        for r in related:
+            tag = f"#{r['id']} " if r.get("id") is not None else ""
+            parts.append(
+                Text(
+                    f"  {tag}{r.get('code')} on {r.get('subject')} ({r.get('state')})"
+                    f": {r.get('summary', '')}"
+                )
+            )
+    return Group(*parts)
+
+
+def print_explain(view: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    now = float(view.get("time") or 0.0)
+    for note in view.get("notes") or []:
+        console.print(Text(note, style="yellow"))
+    findings = view.get("findings") or []
+    if not findings:
+        what = view.get("asked") or "this host"
+        console.print(Text(f"No active findings for {what}.", style="green"))
+        return
+    for i, f in enumerate(findings):
+        if i:
+            console.print(Text("─" * 60, style="dim"))
+        console.print(finding_block(f, now))
+
+
+def print_status_findings(view: dict[str, Any], console: Console | None = None) -> None:
+    """The findings and daemon-health part of `moptd status` (from /v1/status)."""
+    console = console or Console(highlight=False)
+    store = view.get("findings_store")
+    if store:
+        if store.get("state") == "ok":
+            console.print(Text(f"Findings store: ok ({store.get('path')})", style="dim"))
+        else:
+            console.print(
+                Text(
+                    f"Findings store: {store.get('state')}: {store.get('reason')}", style="bold red"
+                )
+            )
+    findings = view.get("findings")
+    if findings is None:
+        return
+    if not findings:
+        console.print(Text("Findings: none active", style="green"))
+        return
+    console.print(
+        Text(f"Findings: {len(findings)} active (moptd explain for details)", style="bold")
+    )
+    for f in findings:
+        sev = str(f.get("severity", "info"))
+        line = Text("  ")
+        line.append(f" {sev.upper()} ", style=_SEVERITY_STYLE.get(sev, "bold"))
+        line.append(f" {f.get('code')}  {f.get('subject')}  ", style="bold")
+        line.append(str(f.get("summary", "")))
+        console.print(line)

@@ -1,0 +1,1 @@
+"""Findings history: every finding transition and kernel/NVML event, kept across restarts."""

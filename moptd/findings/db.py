@@ -1,0 +1,648 @@
+"""The findings database: SQLite in WAL mode in the state directory.
+
+One *finding* row per incident of a (rule, subject) pair, from its first pending step until
+it resolves (or goes inactive), with the finding's latest decision path, evidence and
+actions; one *transition* row per state change; one *event* row per kernel/NVML event.
+
+Every statement runs on one dedicated thread: the event loop only queues work, and a slow
+or full disk never stalls collection. Each transition is its own transaction, so a
+SIGKILL loses none that was committed. A corrupt file is moved aside and a new one
+started; when the disk refuses writes the database carries on in memory and reports itself
+failing, so the daemon keeps diagnosing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from moptd.observations import Event
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+FILE_NAME = "findings.db"
+OPEN_STATES = ("pending", "firing")
+
+# Migrations: MIGRATIONS[n] takes the schema from version n to n + 1. Append only.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE findings (
+        id INTEGER PRIMARY KEY,
+        rule TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        code TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        state TEXT NOT NULL,
+        summary TEXT NOT NULL DEFAULT '',
+        pending_since REAL,
+        first_seen REAL,
+        last_seen REAL,
+        resolved_at REAL,
+        updated_at REAL NOT NULL,
+        pci_bus_id TEXT,
+        detail TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX findings_open ON findings(state);
+    CREATE INDEX findings_key ON findings(rule, subject);
+    CREATE INDEX findings_updated ON findings(updated_at);
+    CREATE TABLE transitions (
+        id INTEGER PRIMARY KEY,
+        finding_id INTEGER NOT NULL REFERENCES findings(id) ON DELETE CASCADE,
+        t REAL NOT NULL,
+        old TEXT NOT NULL,
+        new TEXT NOT NULL,
+        summary TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX transitions_finding ON transitions(finding_id);
+    CREATE INDEX transitions_t ON transitions(t);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        t REAL NOT NULL,
+        stream TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        text TEXT NOT NULL DEFAULT '',
+        fields TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_t ON events(t);
+    CREATE INDEX events_stream ON events(stream, t);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(Exception):
+    """The file was written by a newer moptd; it is left alone, not migrated down."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    max_age: float = 30 * 86400.0
+    max_bytes: int = 256 * 2**20
+
+
+@dataclass(slots=True)
+class StoreHealth:
+    state: str = "ok"  # ok | failing (running in memory)
+    reason: str = ""
+    path: str = ""
+    quarantined: list[str] | None = None
+    writes: int = 0
+    write_errors: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "path": self.path,
+            "quarantined": list(self.quarantined or []),
+            "writes": self.writes,
+            "write_errors": self.write_errors,
+        }
+
+
+def transition_record(
+    t: float,
+    rule: str,
+    subject: str,
+    code: str,
+    severity: str,
+    old: str,
+    new: str,
+    summary: str = "",
+    finding: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plain form of a transition the database takes; `finding` is Finding.to_json()
+    (or the subset known) at the time of the change."""
+    return {
+        "t": t,
+        "rule": rule,
+        "subject": subject,
+        "code": code,
+        "severity": severity,
+        "old": old,
+        "new": new,
+        "summary": summary,
+        "finding": dict(finding or {}),
+    }
+
+
+def _json(v: object) -> str:
+    return json.dumps(v, default=str, sort_keys=True)
+
+
+def _open(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(f"schema version {version} is newer than this moptd's {SCHEMA_VERSION}")
+    for n in range(version, SCHEMA_VERSION):
+        conn.executescript(f"BEGIN;\n{MIGRATIONS[n]}\nPRAGMA user_version={n + 1};\nCOMMIT;")
+
+
+class FindingsDB:
+    def __init__(
+        self,
+        path: Path | None,
+        retention: Retention | None = None,
+        file_mode: int = 0o640,
+    ) -> None:
+        """`path` None: memory only (`moptd explain --offline`, tests)."""
+        self.path = path
+        self.retention = retention or Retention()
+        self.file_mode = file_mode
+        self.health = StoreHealth(path=str(path) if path else ":memory:")
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._conn: sqlite3.Connection | None = None
+        self._thread = threading.Thread(target=self._run, name="findings-db", daemon=True)
+        self._started = False
+        self._closed = False
+
+    # --- lifecycle ---
+
+    def open(self) -> FindingsDB:
+        self._thread.start()
+        self._started = True
+        self._exec(self._connect).result(60)
+        return self
+
+    def close(self) -> None:
+        if not self._started or self._closed:
+            return
+        self._closed = True
+        self._exec(self._disconnect).result(30)
+        self._queue.put(None)
+        self._thread.join(10)
+
+    def __enter__(self) -> FindingsDB:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            job()
+
+    def _exec(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def job() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+        self._queue.put(job)
+        return fut
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise sqlite3.ProgrammingError("findings database is not open")
+        return self._conn
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> concurrent.futures.Future[T]:
+        """Run fn(connection) on the database thread."""
+        return self._exec(lambda: fn(self._require()))
+
+    def call(self, fn: Callable[[sqlite3.Connection], T], timeout: float = 30.0) -> T:
+        return self.submit(fn).result(timeout)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything queued so far is written."""
+        self.call(lambda _c: None, timeout)
+
+    # --- on the database thread ---
+
+    def _connect(self) -> None:
+        if self.path is None:
+            self._conn = self._memory()
+            return
+        try:
+            self._conn = self._open_file(self.path)
+        except (sqlite3.Error, SchemaTooNew, OSError) as exc:
+            reason: Exception = exc
+            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+                exc, sqlite3.OperationalError
+            ):
+                moved = self._quarantine(self.path, str(exc))
+                try:
+                    self._conn = self._open_file(self.path)
+                    log.error(
+                        "findings database %s was corrupt (%s); moved to %s", self.path, exc, moved
+                    )
+                    return
+                except (sqlite3.Error, OSError) as exc2:
+                    reason = exc2
+            self._fail(f"cannot open {self.path}: {reason}")
+            self._conn = self._memory()
+
+    def _open_file(self, path: Path) -> sqlite3.Connection:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            # create with the stated mode, whatever the umask
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, self.file_mode)
+            os.close(fd)
+        os.chmod(path, self.file_mode)
+        conn = _open(str(path))
+        try:
+            # only takes effect on a new file, and only before journal_mode writes the header
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning("findings database %s: journal mode %s, not WAL", path, mode)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+            _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        for suffix in ("-wal", "-shm"):
+            side = Path(f"{path}{suffix}")
+            if side.exists():
+                os.chmod(side, self.file_mode)
+        return conn
+
+    def _memory(self) -> sqlite3.Connection:
+        conn = _open(":memory:")
+        _migrate(conn)
+        return conn
+
+    def _quarantine(self, path: Path, why: str) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        target = f"{path}.corrupt-{stamp}"
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(f"{path}{suffix}")
+            if src.exists():
+                os.replace(src, f"{target}{suffix}")
+        self.health.quarantined = [*(self.health.quarantined or []), target]
+        self.health.reason = f"corrupt database moved to {target}: {why}"
+        return target
+
+    def _fail(self, reason: str) -> None:
+        if self.health.state != "failing":
+            log.error("findings database failing, keeping findings in memory: %s", reason)
+        self.health.state = "failing"
+        self.health.reason = reason
+
+    def _fallback(self, exc: sqlite3.Error) -> None:
+        """Carry what is on disk over to memory and go on there."""
+        self._fail(f"write failed: {exc}")
+        old = self._conn
+        mem = _open(":memory:")
+        try:
+            if old is not None:
+                old.backup(mem)
+                old.close()
+        except sqlite3.Error as copy_exc:
+            log.error("cannot copy the findings database to memory: %s", copy_exc)
+            mem.close()
+            mem = self._memory()
+        self._conn = mem
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _write(self, fn: Callable[[sqlite3.Connection], None]) -> None:
+        """A write that never raises: on a disk error it is retried in memory."""
+        assert self._conn is not None
+        try:
+            with _transaction(self._conn):
+                fn(self._conn)
+            self.health.writes += 1
+            return
+        except sqlite3.Error as exc:
+            self.health.write_errors += 1
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if self.health.state == "failing" and self.path is not None and self._conn_is_memory():
+                log.error("findings database write failed in memory: %s", exc)
+                return
+            self._fallback(exc)
+        try:
+            with _transaction(self._conn):
+                fn(self._conn)
+            self.health.writes += 1
+        except sqlite3.Error as exc:
+            log.error("findings database write failed in memory: %s", exc)
+
+    def _conn_is_memory(self) -> bool:
+        assert self._conn is not None
+        row = self._conn.execute("PRAGMA database_list").fetchone()
+        return not row["file"]
+
+    # --- writing (from any thread; returns at once) ---
+
+    def record_transition(self, tr: Mapping[str, Any]) -> concurrent.futures.Future[None]:
+        rec = dict(tr)
+        return self.submit(lambda _c: self._write(lambda c: _insert_transition(c, rec)))
+
+    def record_events(self, events: Iterable[Event]) -> concurrent.futures.Future[None]:
+        rows = [(ev.t, ev.stream, ev.subject, ev.text, _json(dict(ev.fields))) for ev in events]
+        return self.submit(lambda _c: self._write(lambda c: _insert_events(c, rows)))
+
+    def prune(self, now: float | None = None) -> concurrent.futures.Future[dict[str, int]]:
+        t = time.time() if now is None else now
+        return self.submit(lambda c: self._prune(c, t))
+
+    def _prune(self, conn: sqlite3.Connection, now: float) -> dict[str, int]:
+        out = {"findings": 0, "events": 0}
+
+        def by_age(c: sqlite3.Connection) -> None:
+            horizon = now - self.retention.max_age
+            out["events"] += c.execute("DELETE FROM events WHERE t < ?", (horizon,)).rowcount
+            out["findings"] += c.execute(
+                "DELETE FROM findings WHERE updated_at < ? AND state NOT IN (?, ?)",
+                (horizon, *OPEN_STATES),
+            ).rowcount
+
+        self._write(by_age)
+        # Over the size limit: drop the oldest quarter of events and closed findings until
+        # under it (open findings are never dropped).
+        for _ in range(40):
+            if _size(self._conn_or(conn)) <= self.retention.max_bytes:
+                break
+            removed = 0
+
+            def by_size(c: sqlite3.Connection) -> None:
+                nonlocal removed
+                n_ev = int(c.execute("SELECT count(*) FROM events").fetchone()[0])
+                n_fi = int(
+                    c.execute(
+                        "SELECT count(*) FROM findings WHERE state NOT IN (?, ?)", OPEN_STATES
+                    ).fetchone()[0]
+                )
+                d_ev = c.execute(
+                    "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY t LIMIT ?)",
+                    (max(1, n_ev // 4),),
+                ).rowcount
+                d_fi = c.execute(
+                    "DELETE FROM findings WHERE id IN (SELECT id FROM findings WHERE state "
+                    "NOT IN (?, ?) ORDER BY updated_at LIMIT ?)",
+                    (*OPEN_STATES, max(1, n_fi // 4)),
+                ).rowcount
+                out["events"] += d_ev
+                out["findings"] += d_fi
+                removed = d_ev + d_fi
+
+            self._write(by_size)
+            try:
+                self._conn_or(conn).execute("PRAGMA incremental_vacuum")
+                self._conn_or(conn).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.warning("findings database: vacuum failed: %s", exc)
+            if removed == 0:
+                break
+        return out
+
+    def _conn_or(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        return self._conn if self._conn is not None else conn
+
+    # --- reading (blocking; the API runs them through asyncio.wrap_future(submit)) ---
+
+    def active(self) -> list[dict[str, Any]]:
+        return self.call(active_findings)
+
+    def history(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.call(lambda c: query_findings(c, **filters))
+
+    def get(self, finding_id: int) -> dict[str, Any] | None:
+        return self.call(lambda c: get_finding(c, finding_id))
+
+    def events(
+        self,
+        since: float | None = None,
+        stream: str | None = None,
+        subject: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        return self.call(lambda c: query_events(c, since, stream, subject, limit))
+
+    def size(self) -> int:
+        return self.call(_size)
+
+    def status(self) -> dict[str, Any]:
+        out = self.health.as_dict()
+        out["schema_version"] = SCHEMA_VERSION
+        try:
+            out["bytes"] = self.size()
+        except (sqlite3.Error, concurrent.futures.TimeoutError):
+            out["bytes"] = None
+        return out
+
+
+class _transaction:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+
+
+def _size(conn: sqlite3.Connection) -> int:
+    pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    return (pages - free) * size
+
+
+def _insert_transition(c: sqlite3.Connection, tr: Mapping[str, Any]) -> None:
+    f: Mapping[str, Any] = tr.get("finding") or {}
+    t = float(tr["t"])
+    row = c.execute(
+        "SELECT id FROM findings WHERE rule = ? AND subject = ? AND state IN (?, ?) "
+        "ORDER BY id DESC LIMIT 1",
+        (tr["rule"], tr["subject"], *OPEN_STATES),
+    ).fetchone()
+    detail = {k: f[k] for k in ("evidence", "path", "actions", "runbook", "steps") if k in f}
+    state = tr["new"]
+    if row is None:
+        cur = c.execute(
+            "INSERT INTO findings (rule, subject, code, severity, state, summary, "
+            "pending_since, updated_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                tr["rule"],
+                tr["subject"],
+                tr["code"],
+                tr["severity"],
+                state,
+                tr.get("summary", ""),
+                t,
+                t,
+                _json(detail),
+            ),
+        )
+        fid = int(cur.lastrowid or 0)
+    else:
+        fid = int(row["id"])
+    sets: dict[str, Any] = {
+        "state": state,
+        "code": tr["code"],
+        "severity": tr["severity"],
+        "summary": tr.get("summary") or f.get("summary") or "",
+        "updated_at": t,
+    }
+    if detail:
+        sets["detail"] = _json(detail)
+    if state == "firing":
+        sets["first_seen"] = f.get("first_seen") or t
+    if state in ("resolved", "inactive"):
+        sets["resolved_at"] = t
+    if f.get("last_seen") is not None:
+        sets["last_seen"] = f["last_seen"]
+    elif state in OPEN_STATES:
+        sets["last_seen"] = t
+    if f.get("pci_bus_id"):
+        sets["pci_bus_id"] = f["pci_bus_id"]
+    assign = ", ".join(f"{k} = ?" for k in sets)
+    c.execute(f"UPDATE findings SET {assign} WHERE id = ?", (*sets.values(), fid))  # noqa: S608
+    c.execute(
+        "INSERT INTO transitions (finding_id, t, old, new, summary) VALUES (?, ?, ?, ?, ?)",
+        (fid, t, tr["old"], state, tr.get("summary", "")),
+    )
+
+
+def _insert_events(c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    c.executemany(
+        "INSERT INTO events (t, stream, subject, text, fields) VALUES (?, ?, ?, ?, ?)", rows
+    )
+
+
+def _finding(row: sqlite3.Row) -> dict[str, Any]:
+    out = {k: row[k] for k in row.keys() if k != "detail"}
+    out.update(json.loads(row["detail"] or "{}"))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def active_findings(c: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = c.execute(
+        "SELECT * FROM findings WHERE state = 'firing' ORDER BY first_seen, id"
+    ).fetchall()
+    return [_finding(r) for r in rows]
+
+
+def query_findings(
+    c: sqlite3.Connection,
+    subject: str | None = None,
+    code: str | None = None,
+    severity: str | None = None,
+    since: float | None = None,
+    state: str | None = None,
+    limit: int = 500,
+) -> list[dict[str, Any]]:
+    where: list[str] = ["state != 'inactive'"]
+    args: list[object] = []
+    for col, val in (
+        ("subject", subject),
+        ("code", code),
+        ("severity", severity),
+        ("state", state),
+    ):
+        if val is not None:
+            where.append(f"{col} = ?")
+            args.append(val)
+    if since is not None:
+        where.append("updated_at >= ?")
+        args.append(since)
+    sql = (
+        f"SELECT * FROM findings WHERE {' AND '.join(where)} "  # noqa: S608 - fixed columns
+        "ORDER BY updated_at DESC, id DESC LIMIT ?"
+    )
+    return [_finding(r) for r in c.execute(sql, (*args, limit)).fetchall()]
+
+
+def get_finding(c: sqlite3.Connection, finding_id: int) -> dict[str, Any] | None:
+    row = c.execute("SELECT * FROM findings WHERE id = ?", (finding_id,)).fetchone()
+    if row is None:
+        return None
+    out = _finding(row)
+    out["transitions"] = [
+        {"t": r["t"], "from": r["old"], "to": r["new"], "summary": r["summary"]}
+        for r in c.execute(
+            "SELECT * FROM transitions WHERE finding_id = ? ORDER BY t, id", (finding_id,)
+        )
+    ]
+    return out
+
+
+def query_events(
+    c: sqlite3.Connection,
+    since: float | None = None,
+    stream: str | None = None,
+    subject: str | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
+    where: list[str] = ["1"]
+    args: list[object] = []
+    if since is not None:
+        where.append("t >= ?")
+        args.append(since)
+    if stream is not None:
+        where.append("stream = ?")
+        args.append(stream)
+    if subject is not None:
+        where.append("subject = ?")
+        args.append(subject)
+    sql = (
+        f"SELECT * FROM events WHERE {' AND '.join(where)} "  # noqa: S608 - fixed columns
+        "ORDER BY t DESC, id DESC LIMIT ?"
+    )
+    rows = c.execute(sql, (*args, limit)).fetchall()
+    return [
+        {
+            "t": r["t"],
+            "stream": r["stream"],
+            "subject": r["subject"],
+            "text": r["text"],
+            "fields": json.loads(r["fields"]),
+        }
+        for r in reversed(rows)
+    ]
+
+
+def open_read_only(path: Path) -> sqlite3.Connection | None:
+    """The daemon's database for a reader that must not change it (`moptd explain` while
+    the daemon is down); None when there is none or it cannot be read."""
+    if not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
+        conn.row_factory = sqlite3.Row
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.Error:
+        return None
+    if version < 1 or version > SCHEMA_VERSION:
+        conn.close()
+        return None
+    return conn

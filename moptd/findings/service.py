@@ -1,0 +1,279 @@
+"""The daemon's diagnosis loop: tick the rules, persist what changed, tell listeners.
+
+It joins the rule service (moptd.diagnose) to the findings database and the API's event
+stream. Rules are evaluated every `interval` and at once when an event arrives, so an Xid
+written to the kernel log shows as a finding within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from moptd.clock import Clock, SystemClock
+from moptd.diagnose.codes import Severity
+from moptd.diagnose.engine import Result, fmt
+from moptd.diagnose.loader import default_rules_dir, load_rules
+from moptd.diagnose.model import Finding, Transition
+from moptd.diagnose.service import RuleService
+from moptd.findings.db import FILE_NAME, FindingsDB, Retention, transition_record
+from moptd.observations import NODE, Batch, Event
+from moptd.store import SignalStore
+
+log = logging.getLogger(__name__)
+
+STORE_SIGNAL = "findings.store_ok"
+SUBSCRIBER_QUEUE = 256
+
+
+def steps_of(result: Result | None) -> list[dict[str, Any]]:
+    """The decision path as `explain` prints it: every condition tried, with what it saw."""
+    if result is None:
+        return []
+    return [
+        {
+            "node": s.node,
+            "cond": s.cond,
+            "value": s.value,
+            "seen": [{"name": n, "value": v, "text": fmt(v)} for n, v in s.seen],
+        }
+        for s in result.steps
+    ]
+
+
+class Diagnosis:
+    def __init__(
+        self,
+        store: SignalStore,
+        rules: RuleService,
+        db: FindingsDB,
+        interval: float = 1.0,
+        prune_interval: float = 3600.0,
+        before_tick: Callable[[], None] | None = None,
+        listeners: list[Callable[[list[Transition]], None]] | None = None,
+    ) -> None:
+        """`before_tick` runs before each evaluation (the daemon sets the rule service's
+        missing namespaces there); `listeners` get each non-empty list of transitions."""
+        self.store = store
+        self.rules = rules
+        self.db = db
+        self.interval = interval
+        self.prune_interval = prune_interval
+        self.before_tick = before_tick
+        self.listeners = listeners if listeners is not None else []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.ticks = 0
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.db.open)
+        await self._restore()
+        self.store.event_listeners.append(self._on_events)
+        self.publish_health()
+        self._task = asyncio.create_task(self._loop(), name="diagnosis")
+
+    async def stop(self) -> None:
+        if self._on_events in self.store.event_listeners:
+            self.store.event_listeners.remove(self._on_events)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.to_thread(self.db.close)
+
+    async def _restore(self) -> None:
+        """Firing findings come back as they were; a pending one starts its `for:` again."""
+        open_rows = await asyncio.to_thread(self.db.history, state="firing", limit=10000)
+        now = self.rules.clock.now()
+        for row in open_rows:
+            key = (str(row["rule"]), str(row["subject"]))
+            self.rules.lifecycle.findings[key] = Finding(
+                rule=key[0],
+                subject=key[1],
+                code=str(row["code"]),
+                severity=cast(Severity, row["severity"]),
+                state="firing",
+                summary=str(row.get("summary", "")),
+                pending_since=float(row.get("pending_since") or now),
+                first_seen=row.get("first_seen"),
+                last_seen=float(row.get("last_seen") or now),
+                pci_bus_id=row.get("pci_bus_id"),
+                evidence=dict(row.get("evidence") or {}),
+                path=list(row.get("path") or []),
+                actions=list(row.get("actions") or []),
+                runbook=str(row.get("runbook") or ""),
+            )
+        pending = await asyncio.to_thread(self.db.history, state="pending", limit=10000)
+        for row in pending:
+            self.db.record_transition(
+                transition_record(
+                    now,
+                    row["rule"],
+                    row["subject"],
+                    row["code"],
+                    row["severity"],
+                    "pending",
+                    "inactive",
+                    "moptd restarted before the finding fired",
+                )
+            )
+        if open_rows:
+            log.info("resumed %d firing findings from %s", len(open_rows), self.db.path)
+
+    # --- the loop ---
+
+    def _on_events(self, events: list[Event]) -> None:
+        self.db.record_events(events)
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_prune = loop.time() + 60.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("rule evaluation failed")
+            if loop.time() >= next_prune:
+                next_prune = loop.time() + self.prune_interval
+                self.db.prune()
+
+    def tick(self, now: float | None = None) -> list[dict[str, Any]]:
+        """One evaluation; returns the transitions as stored (plain records)."""
+        return self._step(now)[1]
+
+    def evaluate(self, now: float | None = None) -> list[Transition]:
+        """One evaluation; returns the rule service's transitions."""
+        return self._step(now)[0]
+
+    def _step(self, now: float | None) -> tuple[list[Transition], list[dict[str, Any]]]:
+        if self.before_tick is not None:
+            self.before_tick()
+        transitions = self.rules.tick(now)
+        self.ticks += 1
+        records = [self._record(tr) for tr in transitions]
+        for rec in records:
+            self.db.record_transition(rec)
+            self._broadcast(rec)
+        self.store.ingest("rules", self.rules.findings_batch())
+        self.publish_health()
+        if transitions:
+            for listener in self.listeners:
+                listener(transitions)
+        return transitions, records
+
+    def _record(self, tr: Transition) -> dict[str, Any]:
+        f = self.rules.lifecycle.findings.get((tr.rule, tr.subject))
+        if f is None and tr.new == "resolved":
+            f = next(
+                (
+                    h
+                    for h in reversed(self.rules.lifecycle.history)
+                    if h.rule == tr.rule and h.subject == tr.subject
+                ),
+                None,
+            )
+        detail: dict[str, Any] = f.to_json() if f is not None else {}
+        if f is not None and tr.new in ("pending", "firing"):
+            detail["steps"] = steps_of(self._result(tr.rule, tr.subject))
+        return transition_record(
+            tr.t, tr.rule, tr.subject, tr.code, tr.severity, tr.old, tr.new, tr.summary, detail
+        )
+
+    def _result(self, rule: str, subject: str) -> Result | None:
+        return next(
+            (r for r in self.rules.last_results if r.rule.id == rule and r.subject == subject),
+            None,
+        )
+
+    async def reload(self) -> list[str]:
+        """Reload the rule files: read and compiled off the loop, put in force on it (so a
+        tick never sees half a rule set). Findings of rules that went away resolve, and
+        those transitions are recorded like any other."""
+        rules = self.rules
+        loaded = await asyncio.to_thread(load_rules, list(rules.rule_paths))
+        if loaded.errors:
+            for e in loaded.errors:
+                log.error("rules not reloaded: %s", e)
+            return [str(e) for e in loaded.errors]
+        rules.ruleset = loaded.ruleset
+        rules.errors = []
+        dropped = rules.lifecycle.drop_rules(
+            {r.id for r in loaded.ruleset.rules}, rules.clock.now()
+        )
+        for tr in dropped:
+            rec = self._record(tr)
+            self.db.record_transition(rec)
+            self._broadcast(rec)
+        log.info(
+            "reloaded %d rules from %d files", len(loaded.ruleset.rules), len(loaded.ruleset.files)
+        )
+        self._wake.set()
+        return []
+
+    def publish_health(self) -> None:
+        batch = Batch()
+        batch.add(STORE_SIGNAL, NODE, 1.0 if self.db.health.state == "ok" else 0.0)
+        self.store.ingest("findings", batch)
+
+    # --- views for the API ---
+
+    def active(self) -> list[dict[str, Any]]:
+        """Firing findings, live from the rule service, with their decision steps."""
+        out = []
+        for f in self.rules.active():
+            d = f.to_json()
+            d["pending_since"] = f.pending_since
+            d["steps"] = steps_of(self._result(f.rule, f.subject))
+            out.append(d)
+        return sorted(out, key=lambda d: (str(d["subject"]), str(d["code"])))
+
+    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+        self._subscribers.discard(q)
+
+    def _broadcast(self, rec: dict[str, Any]) -> None:
+        for q in list(self._subscribers):
+            try:
+                q.put_nowait(rec)
+            except asyncio.QueueFull:
+                # a reader that does not keep up is cut off rather than slowing the loop
+                self._subscribers.discard(q)
+
+    def subscribed(self, q: asyncio.Queue[dict[str, Any]]) -> bool:
+        return q in self._subscribers
+
+    def close_subscribers(self) -> None:
+        """Wake every stream reader so a shutdown does not wait on open streams."""
+        for q in list(self._subscribers):
+            self._subscribers.discard(q)
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait({})
+
+
+def build_diagnosis(
+    store: SignalStore,
+    state_dir: Path,
+    rule_paths: Sequence[str | Path] | None = None,
+    clock: Clock | None = None,
+    retention: Retention | None = None,
+) -> Diagnosis:
+    """The daemon's diagnosis: the shipped rules (or `rule_paths`) over `store`, with the
+    findings database in the state directory."""
+    rules = RuleService(store, clock or SystemClock(), list(rule_paths or [default_rules_dir()]))
+    return Diagnosis(store, rules, FindingsDB(state_dir / FILE_NAME, retention))

@@ -1,0 +1,371 @@
+"""Record a bundle from the live host, in the layout of spec/bundle.md.
+
+Every file is the tool's or the kernel's own format, so a bundle recorded here reads the
+same as one pasted together by hand. What cannot be captured (no nvidia-smi, no NVML, no
+/dev/kmsg access, an endpoint that does not answer) is written down in bundle.yaml's notes
+and the file is left out: a missing file is unknown evidence, never healthy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+FORMAT = "moptd-bundle/v1"
+TOOL_TIMEOUT = 30.0
+MAX_SCRAPE_BYTES = 8 << 20
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done)
+
+
+@dataclass(frozen=True)
+class ServingSource:
+    name: str
+    metrics_url: str | None = None
+    log_file: Path | None = None
+    command: tuple[str, ...] = ()
+    model_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    duration: float
+    interval: float = 5.0
+    procfs: Path = Path("/proc")
+    kmsg: Path = Path("/dev/kmsg")
+    serving: Sequence[ServingSource] = ()
+    extra_notes: Sequence[str] = ()
+
+
+@dataclass
+class RecordResult:
+    path: Path
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _run(argv: Sequence[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 or out.stdout else None
+
+
+class Recorder:
+    def __init__(self, opts: RecordOptions, progress: Progress | None = None) -> None:
+        self.opts = opts
+        self.progress = progress or (lambda _what, _done: None)
+        self.notes: list[str] = list(opts.extra_notes)
+        self.files: list[str] = []
+        self._nvml: Any = None
+        self._seq = 0
+
+    # --- writing files ---
+
+    def _write(self, root: Path, rel: str, text: str | bytes) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+        self.files.append(rel)
+
+    def _copy(self, root: Path, src: Path, rel: str, what: str) -> None:
+        try:
+            data = src.read_bytes()
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                self.notes.append(f"{rel}: cannot read {src}: {exc.strerror}")
+            else:
+                self.notes.append(f"{rel}: {what} not present ({src})")
+            return
+        self._write(root, rel, data)
+
+    def _tool(self, root: Path, argv: Sequence[str], rel: str) -> None:
+        out = _run(argv)
+        if out is None:
+            self.notes.append(f"{rel}: `{' '.join(argv)}` not available or failed")
+            return
+        self._write(root, rel, out)
+
+    # --- the recording ---
+
+    def record(self, out: Path) -> RecordResult:
+        tarball = out.name.endswith((".tar.gz", ".tgz"))
+        if tarball:
+            tmp = Path(tempfile.mkdtemp(prefix="moptd-record-"))
+            root = tmp / out.name.removesuffix(".tgz").removesuffix(".tar.gz")
+        else:
+            if out.exists() and any(out.iterdir()):
+                raise FileExistsError(f"{out} exists and is not empty")
+            root = out
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            started = time.time()
+            self.progress("host, driver and container files", 0.0)
+            self._static(root)
+            self._sample_loop(root, started)
+            self.progress("kernel log", 0.95)
+            self._kernel_log(root)
+            self._host_end(root)
+            self._meta(root, started)
+            if tarball:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(out, "w:gz") as tar:
+                    tar.add(root, arcname=root.name)
+        finally:
+            if tarball:
+                shutil.rmtree(root.parent, ignore_errors=True)
+            self._nvml_close()
+        self.progress("done", 1.0)
+        return RecordResult(out, sorted(self.files), self.notes)
+
+    def _static(self, root: Path) -> None:
+        proc = self.opts.procfs
+        self._copy(root, proc / "modules", "kernel/proc_modules", "module list")
+        self._copy(
+            root,
+            proc / "driver/nvidia/version",
+            "kernel/driver_version",
+            "NVIDIA driver (module not loaded)",
+        )
+        self._copy(root, proc / "sys/kernel/tainted", "kernel/tainted", "taint flags")
+        self._tool(root, ["uname", "-r"], "kernel/uname_r")
+        if shutil.which("dkms"):
+            self._tool(root, ["dkms", "status"], "kernel/dkms_status.txt")
+        self._copy(
+            root, Path("/etc/docker/daemon.json"), "container/daemon.json", "Docker configuration"
+        )
+        for folder in (Path("/etc/cdi"), Path("/var/run/cdi")):
+            for spec in sorted(folder.glob("*")) if folder.is_dir() else []:
+                if spec.suffix in (".yaml", ".json"):
+                    self._copy(root, spec, f"container/cdi/{spec.name}", "CDI spec")
+        for argv in (["nvidia-ctk", "--version"], ["nvidia-container-cli", "--version"]):
+            if shutil.which(argv[0]):
+                self._tool(root, argv, "container/toolkit_version.txt")
+                break
+        for s in self.opts.serving:
+            if s.command:
+                self._write(root, f"serving/{s.name}/cmdline.txt", "\n".join(s.command) + "\n")
+            if s.model_dir is not None:
+                self._tool(
+                    root, ["ls", "-l", str(s.model_dir)], f"serving/{s.name}/model_files.txt"
+                )
+
+    def _sample_loop(self, root: Path, started: float) -> None:
+        duration = max(0.0, self.opts.duration)
+        gpu_source = self._gpu_source()
+        deadline = time.monotonic() + duration
+        while True:
+            tick = time.monotonic()
+            elapsed = duration - max(0.0, deadline - tick)
+            self.progress(
+                f"sampling ({elapsed:.0f}/{duration:.0f}s)",
+                0.05 + 0.9 * (elapsed / duration if duration else 1.0),
+            )
+            if gpu_source == "nvidia-smi":
+                self._nvsmi_dump(root)
+            elif gpu_source == "nvml":
+                self._nvml_sample(root)
+            for s in self.opts.serving:
+                if s.metrics_url:
+                    self._scrape(root, s)
+            if tick >= deadline:
+                break
+            time.sleep(
+                max(
+                    0.0,
+                    min(
+                        self.opts.interval - (time.monotonic() - tick), deadline - time.monotonic()
+                    ),
+                )
+            )
+            if time.monotonic() >= deadline and duration == 0:
+                break
+        for s in self.opts.serving:
+            if s.log_file is not None:
+                self._copy(root, s.log_file, f"serving/{s.name}/log.txt", "serving log")
+
+    def _gpu_source(self) -> str:
+        if shutil.which("nvidia-smi") and _run(["nvidia-smi", "-L"]):
+            return "nvidia-smi"
+        try:
+            from moptd.collectors.nvml_backend import NvmlBackend
+
+            backend = NvmlBackend()
+            backend.init()
+            self._nvml = backend
+            self.notes.append("gpu: nvidia-smi not found; NVML samples in gpu/samples.jsonl")
+            return "nvml"
+        except Exception as exc:  # noqa: BLE001 - any NVML failure means no GPU source
+            self.notes.append(f"gpu: no nvidia-smi and no NVML ({exc}); no GPU evidence")
+            return ""
+
+    def _nvsmi_dump(self, root: Path) -> None:
+        out = _run(["nvidia-smi", "-q", "-x"])
+        if out is None:
+            self.notes.append("gpu/nvidia-smi: a dump failed")
+            return
+        self._seq += 1
+        self._write(root, f"gpu/nvidia-smi/{self._seq:04d}.xml", out)
+
+    def _nvml_sample(self, root: Path) -> None:
+        b = self._nvml
+        t = time.time()
+        rows = []
+        for i in range(b.device_count()):
+            r = b.read_fast(i)
+            row: dict[str, Any] = {"t": round(t, 3), "gpu": i}
+            for key, value, scale in (
+                ("util", r.util, 100.0),
+                ("mem_used", r.memory_used, 1.0),
+                ("power_mw", r.power, 1000.0),
+                ("temp", r.temperature, 1.0),
+                ("sm_clock", r.sm_clock, 1e-6),
+                ("mem_clock", r.mem_clock, 1e-6),
+                ("clock_event_reasons", r.clock_event_reasons, 1),
+                ("pstate", r.pstate, 1),
+            ):
+                if value is not None:
+                    v = value * scale
+                    row[key] = int(v) if key in ("clock_event_reasons", "pstate") else v
+            rows.append(json.dumps(row))
+        path = root / "gpu" / "samples.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write("\n".join(rows) + "\n")
+        if "gpu/samples.jsonl" not in self.files:
+            self.files.append("gpu/samples.jsonl")
+
+    def _nvml_close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.shutdown()
+            except Exception as exc:  # noqa: BLE001 - shutting down; only worth a log line
+                log.debug("NVML shutdown: %s", exc)
+            self._nvml = None
+
+    def _scrape(self, root: Path, s: ServingSource) -> None:
+        assert s.metrics_url is not None
+        t = time.time()
+        try:
+            with urllib.request.urlopen(s.metrics_url, timeout=5) as resp:  # noqa: S310
+                body = resp.read(MAX_SCRAPE_BYTES + 1)
+        except (OSError, urllib.error.URLError) as exc:
+            note = f"serving/{s.name}/metrics: {s.metrics_url} did not answer ({exc})"
+            if note not in self.notes:
+                self.notes.append(note)
+            return
+        if len(body) > MAX_SCRAPE_BYTES:
+            self.notes.append(
+                f"serving/{s.name}/metrics: a scrape over {MAX_SCRAPE_BYTES} bytes was left out"
+            )
+            return
+        self._write(root, f"serving/{s.name}/metrics/{t:.3f}.prom", body)
+
+    def _kernel_log(self, root: Path) -> None:
+        try:
+            records = read_kmsg(self.opts.kmsg)
+        except OSError as exc:
+            self.notes.append(
+                f"kernel/dmesg.txt: cannot read {self.opts.kmsg}: {exc.strerror or exc}"
+            )
+            return
+        self._write(root, "kernel/dmesg.txt", "".join(r + "\n" for r in records))
+
+    def _host_end(self, root: Path) -> None:
+        proc = self.opts.procfs
+        self._copy(root, proc / "meminfo", "host/meminfo", "meminfo")
+        self._copy(root, proc / "sys/vm/swappiness", "host/swappiness", "swappiness")
+        self._tool(root, ["df", "-P"], "host/df.txt")
+        nodes = sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+        if nodes:
+            self._tool(root, ["ls", "-l", *nodes], "host/dev_nodes.txt")
+        else:
+            # left out rather than empty: with no driver the nodes are not the question
+            self.notes.append("host/dev_nodes.txt: no /dev/nvidia* device nodes on this host")
+        if shutil.which("ss"):
+            self._tool(root, ["ss", "-ltnp"], "host/listening.txt")
+        else:
+            self.notes.append("host/listening.txt: `ss` not installed")
+
+    def _meta(self, root: Path, started: float) -> None:
+        meta: dict[str, Any] = {
+            "format": FORMAT,
+            "host": socket.gethostname(),
+            "captured_at": dt.datetime.fromtimestamp(started, tz=dt.UTC).isoformat(),
+            "duration_seconds": self.opts.duration,
+            "interval_seconds": self.opts.interval,
+            "recorded_by": "moptd record",
+        }
+        boot = boot_time(self.opts.procfs)
+        if boot is not None:
+            meta["boot_time"] = boot
+        meta["notes"] = "\n".join(self.notes) if self.notes else "nothing was left out"
+        self._write(root, "bundle.yaml", yaml.safe_dump(meta, sort_keys=False))
+
+
+def boot_time(procfs: Path) -> float | None:
+    """Boot time to the microsecond where /proc/uptime allows it; raw kernel records are
+    stamped in microseconds since boot."""
+    try:
+        uptime = float((procfs / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        uptime = None
+    if uptime is not None:
+        return round(time.time() - uptime, 3)
+    try:
+        for line in (procfs / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def read_kmsg(path: Path) -> list[str]:
+    """Every record in the kernel ring buffer, as /dev/kmsg gives it ("prio,seq,usec,flags;
+    message"), without continuation lines. Does not block."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    out: list[str] = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:
+                continue  # a record was overwritten while we read: go on with the next
+            if not data:
+                break
+            for line in data.decode("utf-8", "replace").splitlines():
+                if line and not line.startswith(" "):
+                    out.append(line)
+    finally:
+        os.close(fd)
+    return out

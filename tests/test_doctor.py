@@ -1,0 +1,165 @@
+"""`moptd doctor` exit codes (0 healthy, 1 warnings, 2 critical) on this real host, with
+the host collector pointed at a procfs tree built from captured files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from moptd.cli.cmd_doctor import Check, can_rw, device_nodes_check, worst
+from tests.conftest import FIXTURES
+
+
+def procfs_tree(tmp: Path, swappiness: str) -> Path:
+    proc = tmp / "proc"
+    (proc / "sys/vm").mkdir(parents=True)
+    shutil.copy(FIXTURES / "h200/meminfo", proc / "meminfo")
+    shutil.copy("/proc/stat", proc / "stat")  # the real file: the collector needs one
+    (proc / "sys/vm/swappiness").write_text(swappiness + "\n")
+    return proc
+
+
+def doctor(tmp: Path, swappiness: str = "1", serving: dict | None = None):
+    config = {
+        "state_dir": str(tmp / "state"),
+        "api": {"socket": str(tmp / "api.sock")},
+        "paths": {"procfs": str(procfs_tree(tmp, swappiness))},
+        "host": {"watch_paths": [str(tmp)]},
+        "collectors": {
+            name: {"enabled": False}
+            for name in ("nvml", "driver", "kernel", "container", "serving")
+        },
+    }
+    config["collectors"]["host"] = {"enabled": True}
+    if serving is not None:
+        config["collectors"]["serving"] = {"enabled": True, "managed": serving}
+    path = tmp / "moptd.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [sys.executable, "-m", "moptd", "doctor", "--json", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    body = json.loads(out.stdout) if out.stdout.startswith("{") else None
+    return out.returncode, body, out
+
+
+def test_healthy_host_exits_0(tmp_path):
+    code, body, out = doctor(tmp_path, swappiness="1")
+    assert code == 0, out.stdout + out.stderr
+    assert body["status"] == "ok"
+    names = {c["name"]: c["status"] for c in body["checks"]}
+    assert names["collector host"] == "ok"
+    assert names["vm.swappiness"] == "ok"
+    assert names[f"disk space {tmp_path}"] in ("ok", "warning", "critical")
+
+
+def test_high_swappiness_is_a_warning_exit_1(tmp_path):
+    code, body, _ = doctor(tmp_path, swappiness="60")
+    assert code == 1
+    swap = next(c for c in body["checks"] if c["name"] == "vm.swappiness")
+    assert swap["status"] == "warning"
+    assert "60" in swap["detail"]
+
+
+def test_serving_port_taken_is_critical_exit_2(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        model = tmp_path / "model"
+        model.mkdir()
+        for name in ("config.json", "tokenizer.json", "model.safetensors"):
+            (model / name).write_text("{}")
+        code, body, out = doctor(
+            tmp_path,
+            serving={
+                "name": "llm",
+                "command": ["vllm", "serve", str(model)],
+                "device": "cpu",
+                "port": port,
+                "model_dir": str(model),
+            },
+        )
+    assert code == 2, out.stdout + out.stderr
+    port_check = next(c for c in body["checks"] if c["name"] == "serving port")
+    assert port_check["status"] == "critical"
+    assert port_check["code"] == "PORT_CONFLICT"
+    assert any(c["name"] == "serving tokenizer" and c["status"] == "ok" for c in body["checks"])
+
+
+def test_missing_tokenizer_is_critical(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_text("{}")
+    code, body, _ = doctor(
+        tmp_path,
+        serving={
+            "name": "llm",
+            "command": ["vllm", "serve", str(model)],
+            "device": "cpu",
+            "port": 1,
+            "model_dir": str(model),
+            "host": "127.0.0.1",
+        },
+    )
+    assert code == 2
+    tok = next(c for c in body["checks"] if c["name"] == "serving tokenizer")
+    assert tok["code"] == "TOKENIZER_MISSING"
+
+
+def test_bad_serving_configuration_is_critical_not_a_traceback(tmp_path):
+    code, body, out = doctor(tmp_path, serving={"name": "llm", "command": 42})
+    assert code == 2
+    assert "Traceback" not in out.stderr
+    bad = next(c for c in body["checks"] if c["name"] == "serving configuration")
+    assert "command" in bad["detail"]
+
+
+def test_plain_checklist_output(tmp_path):
+    doctor(tmp_path, swappiness="60")
+    out = subprocess.run(
+        [sys.executable, "-m", "moptd", "doctor", "--config", str(tmp_path / "moptd.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert "! vm.swappiness" in out.stdout
+    assert "✓ collector host" in out.stdout
+    assert "moptd doctor: warnings (exit 1)" in out.stdout
+
+
+def test_device_nodes_missing(tmp_path):
+    c = device_nodes_check(None, tmp_path)
+    assert (c.status, c.code) == ("critical", "DEVICE_NODE_PROBLEM")
+    assert "nvidiactl" in c.detail
+
+
+def test_device_node_permissions(tmp_path):
+    f = tmp_path / "node"
+    f.write_text("")
+    os.chmod(f, 0o660)
+    st = f.stat()
+    assert can_rw(st, 0, set())
+    assert can_rw(st, st.st_uid, set())
+    assert not can_rw(st, st.st_uid + 12345, set())
+    assert can_rw(st, st.st_uid + 12345, {st.st_gid})
+    os.chmod(f, 0o666)
+    assert can_rw(f.stat(), st.st_uid + 12345, set())
+
+
+def test_worst():
+    assert worst([]) == "ok"
+    assert worst([Check("a", "skipped")]) == "ok"
+    assert worst([Check("a", "ok"), Check("b", "warning")]) == "warning"
+    assert worst([Check("a", "critical"), Check("b", "warning")]) == "critical"
