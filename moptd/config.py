@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from moptd.collectors.base import Collector
+from moptd.collectors.base import Collector, OptionError
 from moptd.durations import parse_duration
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
@@ -134,6 +134,11 @@ def _line_map(text: str) -> dict[tuple[str, ...], int]:
     lines: dict[tuple[str, ...], int] = {}
 
     def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.SequenceNode) and path:
+            for i, item in enumerate(node.value):
+                item_path = (*path[:-1], f"{path[-1]}[{i}]")
+                lines[item_path] = item.start_mark.line + 1
+                walk(item, item_path)
         if isinstance(node, yaml.MappingNode):
             seen: set[str] = set()
             for key_node, value_node in node.value:
@@ -243,7 +248,7 @@ def parse_config(text: str, source: str, registry: Mapping[str, type[Collector]]
         lines = _line_map(text)
         data = yaml.safe_load(text) if text.strip() else {}
         merged = _apply(full_schema(registry), data, ())
-        return _build(merged, source, lines)
+        return _build(merged, source, lines, registry)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{source}:{mark.line + 1}" if mark else source
@@ -281,7 +286,12 @@ def _duration(merged: Mapping[str, Any], path: tuple[str, ...]) -> float:
         raise _KeyProblem(path, 0, str(exc)) from exc
 
 
-def _build(m: dict[str, Any], source: str, lines: Mapping[tuple[str, ...], int]) -> Config:
+def _build(
+    m: dict[str, Any],
+    source: str,
+    lines: Mapping[tuple[str, ...], int],
+    registry: Mapping[str, type[Collector]],
+) -> Config:
     if m["log_level"] not in _LEVELS:
         raise _KeyProblem(("log_level",), 0, f"must be one of {', '.join(_LEVELS)}")
     for key in ("exporter", "api"):
@@ -297,6 +307,7 @@ def _build(m: dict[str, Any], source: str, lines: Mapping[tuple[str, ...], int])
         if timeout <= 0:
             raise _KeyProblem(("collectors", name, "timeout"), 0, "must be above zero")
         options = {k: v for k, v in section.items() if k not in _COLLECTOR_COMMON}
+        _check_options(registry[name], name, options)
         collectors[name] = CollectorConfig(section["enabled"], interval, timeout, options)
     watch = m["host"]["watch_paths"]
     if not all(isinstance(p, str) for p in watch):
@@ -344,6 +355,20 @@ def default_rule_paths() -> list[Path]:
     if LOCAL_RULES.is_dir():
         paths.append(LOCAL_RULES)
     return paths
+
+
+def _check_options(cls: type[Collector], name: str, options: Mapping[str, Any]) -> None:
+    for key, opt in cls.options.items():
+        if opt.check is None:
+            continue
+        try:
+            opt.check(options[key])
+        except OptionError as exc:
+            where = ("collectors", name, key, *[p for p in exc.key.split(".") if p])
+            # "endpoints[0]" names a list item of the option itself
+            if where[3].startswith("["):
+                where = (*where[:2], key + where[3], *where[4:])
+            raise _KeyProblem(where, 0, exc.message) from None
 
 
 def _check_listen(value: str, path: tuple[str, ...]) -> None:

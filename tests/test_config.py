@@ -121,3 +121,19 @@ def test_any_structure_gives_a_config_or_a_config_error(data):
     except ConfigError as exc:
         message = str(exc)
     assert not message or "key '" in message or "YAML" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("collectors:\n  serving:\n    endpoints:\n      - name: main\n"
+         "        url: http://127.0.0.1:8000\n      - name: other\n        url: ftp://x\n",
+         "moptd.yaml:7: key 'collectors.serving.endpoints[1].url': must start with http://"),
+        ("collectors:\n  serving:\n    managed:\n      name: a\n      command: 5\n",
+         "moptd.yaml:5: key 'collectors.serving.managed.command': must be a command line"),
+    ],
+)
+def test_collector_option_checks_name_the_line(text, message):
+    with pytest.raises(ConfigError) as exc:
+        parse(text)
+    assert str(exc.value).startswith(message)

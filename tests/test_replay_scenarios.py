@@ -95,6 +95,7 @@ def test_gsp_bundle_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "kernel/proc_modules",
         "kernel/tainted",
         "kernel/uname_r",
+        "serving/",
     ]
     gsp = next(f for f in out["findings"] if f["code"] == "GSP_FIRMWARE_ERROR")
     assert gsp["subject"] == "gpu:0000:9b:00.0"

@@ -33,13 +33,25 @@ class CollectorBusy(Exception):
     """The previous blocking call has not returned yet (the source is hanging)."""
 
 
+class OptionError(ValueError):
+    """A collector option's value is wrong; ``key`` is the dotted path below the option
+    (``[i]`` for list items), so the config loader can name the file line."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
 @dataclass(frozen=True)
 class Option:
-    """One collector-specific configuration key: its type, default and meaning."""
+    """One collector-specific configuration key: its type, default and meaning, and
+    optionally a check run when the configuration is loaded (raises OptionError)."""
 
     type: type | tuple[type, ...]
     default: Any
     help: str
+    check: Callable[[Any], None] | None = None
 
 
 @dataclass

@@ -387,6 +387,38 @@ async def reload_rules(request: web.Request) -> web.Response:
     return web.json_response(result, status=422 if errors else 200)
 
 
+def _supervisor(request: web.Request, name: str | None = None) -> Any:
+    """The managed serving process's supervisor (the serving collector owns it)."""
+    entry = request.app[RUNTIME].collectors.get("serving")
+    sup = getattr(entry[0], "supervisor", None) if entry else None
+    if sup is None:
+        raise ApiError(404, "no managed serving process is configured (collectors.serving.managed)")
+    if name is not None and name != sup.spec.name:
+        raise ApiError(404, f"unknown serving process {name!r}", valid=[sup.spec.name])
+    return sup
+
+
+async def serving(request: web.Request) -> web.Response:
+    """The managed serving process: its supervisor state and the tail of its log."""
+    q = _query(request, {"lines"})
+    lines = _limit({"limit": q.get("lines", "50")}, 50)
+    sup = _supervisor(request)
+    body = {
+        "managed": sup.status(),
+        "log": [{"t": t, "line": line} for t, line in sup.ring.tail(lines)],
+    }
+    return web.json_response(body, dumps=_dumps)
+
+
+async def serving_restart(request: web.Request) -> web.Response:
+    authorise_mutation(request)
+    sup = _supervisor(request, request.match_info["name"])
+    if (await request.read()).strip() not in (b"", b"{}"):
+        raise ApiError(400, "restart takes no request body")
+    await sup.restart()
+    return web.json_response({"restarted": sup.spec.name, "managed": sup.status()}, dumps=_dumps)
+
+
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: one `transition` event per finding state change."""
     _query(request, set())
@@ -447,4 +479,6 @@ def make_api_app(
     app.router.add_get("/v1/rules", rules)
     app.router.add_post("/v1/rules/reload", reload_rules)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/serving", serving)
+    app.router.add_post("/v1/serving/{name}/restart", serving_restart)
     return app

@@ -38,6 +38,7 @@ KNOWN_FILES: dict[str, str] = {
     "kernel/driver_version": "",
     "host/dev_nodes.txt": "",
     "container/daemon.json": "container",
+    "serving/": "serving",
 }
 
 
@@ -95,6 +96,7 @@ def _read(root: Path, shown: Path) -> Timeline:
     uuid_by_bus: dict[str, str] = {}
     driver_version = _read_nvsmi(root, tl, by_bus, uuid_by_bus)
     _read_samples(root / "gpu" / "samples.jsonl", tl)
+    _read_serving(root, tl)
     first = min((t for t, _, _ in tl.observations), default=start)
     host = _read_host(root, tl)
     if host.samples:
@@ -109,6 +111,26 @@ def _read(root: Path, shown: Path) -> Timeline:
     tl.observations.sort(key=lambda o: o[0])
     tl.events.sort(key=lambda e: e.t)
     return tl
+
+
+def _read_serving(root: Path, tl: Timeline) -> None:
+    """serving/<name>/: metrics scrapes, the log, command line, model files, probes."""
+    base = root / "serving"
+    dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if not dirs:
+        tl.missing.append("serving/")
+        tl.missing_namespaces.add("serving")
+        return
+    from moptd.serving.bundle import ServingBundleError, read_serving_dir
+
+    for d in dirs:
+        try:
+            replay = read_serving_dir(d)
+        except ServingBundleError as e:
+            raise BundleError(e.file, e.line, e.message) from None
+        tl.observations.extend((t, f"serving:{d.name}", b) for t, b in replay.observations)
+        tl.events.extend(replay.events)
+        tl.missing.extend(f"serving/{d.name}/{m}" for m in replay.missing)
 
 
 def _read_meta(path: Path) -> dict[str, object]:

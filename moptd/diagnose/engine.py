@@ -86,7 +86,14 @@ def subjects_for(scope: str, store: SignalStore) -> list[tuple[str, str | None]]
         return [("node", None)]
     if scope == "gpu":
         return gpu_subjects(store)
-    return [(s, None) for s in store.subjects(scope)]
+    # A serving endpoint known only from its log (a pasted log, no scrape) is a subject too.
+    subjects = set(store.subjects(scope))
+    for stream in store.streams():
+        if stream.split(".", 1)[0] == scope:
+            subjects.update(
+                ev.subject for ev in store.events(stream) if subject_kind(ev.subject) == scope
+            )
+    return [(s, None) for s in sorted(subjects)]
 
 
 def evaluate(

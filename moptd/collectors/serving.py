@@ -1,0 +1,303 @@
+"""Serving collector: engine /metrics, probes, and the managed serving process.
+
+Endpoints come from ``collectors.serving.endpoints`` and from the managed process
+(``collectors.serving.managed``). One failed endpoint marks only its own scrape failed
+(``serving.up`` 0); the other endpoints and the collector go on. The generation probe
+runs beside the collection passes, so an engine that hangs on it does not delay them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import aiohttp
+
+from moptd.collectors.base import (
+    Collector,
+    CollectorContext,
+    Option,
+    OptionError,
+    Unavailable,
+    register,
+)
+from moptd.durations import parse_duration
+from moptd.observations import Batch, Event, labels_of
+from moptd.serving import gates, proctree
+from moptd.serving.engines import EngineView, view_from_samples, view_from_trtllm_stats
+from moptd.serving.http import FetchError, new_session, request
+from moptd.serving.logsource import LogFollower, fill_log_state
+from moptd.serving.probes import ProbeResult, probe_generate, probe_health, probe_models
+from moptd.serving.promtext import PromParseError, parse
+from moptd.serving.signals import HistogramWindow, fill_view
+from moptd.serving.spec import (
+    Endpoint,
+    Managed,
+    SpecError,
+    model_of,
+    parse_endpoints,
+    parse_managed,
+)
+from moptd.serving.supervisor import Supervisor
+from moptd.serving.systemd import SystemdSupervisor
+
+
+@dataclass
+class _EndpointState:
+    window: HistogramWindow | None = None
+    failures: int = 0
+    trt_steps: float = 0.0
+    model: str = ""
+    generate: ProbeResult | None = None
+    generate_task: asyncio.Task[ProbeResult] | None = None
+    generate_at: float = 0.0
+
+
+def _check(parse: Callable[[Any, str], object]) -> Callable[[Any], None]:
+    """A config-time check: the same parser the collector uses, its errors keyed below the
+    option so the config loader can name the file line."""
+
+    def check(value: Any) -> None:
+        try:
+            parse(value, "")
+        except SpecError as exc:
+            raise OptionError(exc.key, str(exc).split(": ", 1)[-1]) from None
+
+    return check
+
+
+@register
+class ServingCollector(Collector):
+    name = "serving"
+    default_interval = 5.0
+    default_timeout = 10.0
+    options: ClassVar[Mapping[str, Option]] = {
+        "endpoints": Option(
+            list,
+            [],
+            "Serving endpoints to scrape and probe: a list of {name, url, engine (vllm, "
+            "sglang, trtllm), probes (health, models, generate), model, metrics_path}.",
+            check=_check(parse_endpoints),
+        ),
+        "managed": Option(
+            dict,
+            {},
+            "The serving process moptd runs itself: {name, engine, command, env, user, host, "
+            "port, model_dir, device (gpu, cpu), min_free_gpu_memory, probes, backend "
+            "(process, systemd), restart, backoff_initial, backoff_max, crash_loop_count, "
+            "crash_loop_window, stop_grace, log_lines, log_file}. See docs/serving.md.",
+            check=_check(parse_managed),
+        ),
+        "scrape_timeout": Option((int, float), 3.0, "Seconds for one /metrics scrape."),
+        "max_response_bytes": Option(int, 8 << 20, "Largest /metrics body accepted."),
+        "quantile_window": Option((int, float, str), "5m", "Window of the latency quantiles."),
+    }
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self.endpoints: list[Endpoint] = []
+        self.managed: Managed | None = None
+        self.supervisor: Supervisor | SystemdSupervisor | None = None
+        self._state: dict[str, _EndpointState] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._cpu = proctree.BusiestCpu()
+        self._model_files: tuple[float, gates.ModelFiles | None] = (0.0, None)
+        self._followers: list[LogFollower] = []
+
+    def _publish(self, events: list[Event]) -> None:
+        self.ctx.publish(events)
+
+    async def start(self) -> None:
+        # SpecError names the key; the runtime reports it as this collector's failure.
+        self.endpoints = parse_endpoints(self.option("endpoints"))
+        self.managed = parse_managed(self.option("managed"))
+        for e in self.endpoints:
+            if e.log_file or e.journal_unit:
+                follower = LogFollower(
+                    f"serving:{e.name}",
+                    self._publish,
+                    Path(e.log_file) if e.log_file else None,
+                    e.journal_unit or None,
+                )
+                await follower.start()
+                self._followers.append(follower)
+        if self.managed is not None:
+            ep = self.managed.endpoint()
+            if ep.name in {e.name for e in self.endpoints}:
+                raise ValueError(f"serving name {ep.name!r} is both an endpoint and managed")
+            self.endpoints.append(ep)
+            log_dir = self.ctx.state_dir / "serving" / self.managed.name
+            if self.managed.backend == "systemd":
+                self.supervisor = SystemdSupervisor(self.managed, self._publish)
+            else:
+                self.supervisor = Supervisor(self.managed, self._publish, log_dir)
+            await self.supervisor.start()
+
+    async def stop(self) -> None:
+        for st in self._state.values():
+            if st.generate_task is not None:
+                st.generate_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await st.generate_task
+        for follower in self._followers:
+            await follower.stop()
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+            self.supervisor.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await super().stop()
+
+    def window(self) -> float:
+        return parse_duration(self.option("quantile_window"))
+
+    async def collect(self) -> Batch:
+        if not self.endpoints:
+            raise Unavailable("no serving endpoint configured (collectors.serving.endpoints)")
+        if self._session is None:
+            self._session = new_session()
+        now = time.time()
+        batches = await asyncio.gather(*(self._endpoint(ep, now) for ep in self.endpoints))
+        out = Batch()
+        for b in batches:
+            out.extend(b)
+        for follower in self._followers:
+            if follower.file is not None:
+                follower.feed(await self.blocking(follower.read_file), now)
+            fill_log_state(out, follower.subject, follower.state, now)
+        if self.supervisor is not None:
+            await self.supervisor.refresh()
+            self.supervisor.fill(out, now)
+            await self._managed_extras(out, now)
+        return out
+
+    async def _managed_extras(self, out: Batch, now: float) -> None:
+        sup, m = self.supervisor, self.managed
+        assert sup is not None
+        assert m is not None
+        subject = sup.subject
+        pid = sup.pid
+        if pid is not None:
+            cpu = await self.blocking(proctree.group_cpu, self.ctx.procfs, pid)
+            share = self._cpu.update(now, cpu)
+            if share is not None:
+                out.add("serving.busiest_process_cpu", subject, share)
+        model_dir = m.model_dir or (Path(p) if (p := model_of(m.command)) else None)
+        if model_dir is None:
+            return
+        checked, files = self._model_files
+        if files is None or now - checked > 60:
+            files = await self.blocking(_scan, model_dir)
+            self._model_files = (now, files)
+        if files is not None:
+            out.add("serving.model_tokenizer_present", subject, float(files.has_tokenizer))
+            out.add("serving.model_unsafe_weights", subject, float(files.unsafe_only))
+
+    async def _endpoint(self, ep: Endpoint, now: float) -> Batch:
+        b = Batch()
+        s = f"serving:{ep.name}"
+        st = self._state.setdefault(ep.name, _EndpointState())
+        assert self._session is not None
+        view, error, seconds = await self._scrape(ep)
+        if view is None:
+            st.failures += 1
+        b.add("serving.up", s, 0.0 if view is None else 1.0)
+        b.add("serving.scrape_duration", s, seconds)
+        b.add("serving.scrape_failures", s, float(st.failures))
+        b.describe(s, endpoint=ep.url, engine=ep.engine, scrape_error=error)
+        if view is not None:
+            if ep.engine == "trtllm" and "steps_since_last" in view.scalars:
+                st.trt_steps += view.scalars.pop("steps_since_last")
+                view.scalars["steps"] = st.trt_steps
+            self._fill(b, s, st, view, now)
+        await self._probes(b, s, ep, st, now)
+        version = getattr(getattr(self.supervisor, "log_state", None), "version", "")
+        if self.supervisor is None or self.supervisor.subject != s:
+            version = ""
+        b.add(
+            "serving.info",
+            s,
+            1.0,
+            labels_of(engine=ep.engine, version=version, model=st.model, endpoint=ep.url),
+        )
+        return b
+
+    async def _scrape(self, ep: Endpoint) -> tuple[EngineView | None, str, float]:
+        assert self._session is not None
+        t0 = time.monotonic()
+        limit = float(self.option("scrape_timeout"))
+        try:
+            r = await request(
+                self._session,
+                "GET",
+                ep.url + ep.metrics_path,
+                deadline=limit,
+                max_bytes=int(self.option("max_response_bytes")),
+            )
+            if r.status != 200:
+                raise FetchError(f"{ep.url}{ep.metrics_path}: HTTP {r.status}")
+            if ep.engine == "trtllm" and ep.metrics_path == "/metrics":
+                view = view_from_trtllm_stats(r.body)
+            else:
+                view = view_from_samples(parse(r.body.decode("utf-8")))
+        except (FetchError, PromParseError, ValueError) as exc:
+            # UnicodeDecodeError and JSON errors are ValueErrors too
+            return None, str(exc)[:300], time.monotonic() - t0
+        return view, "", time.monotonic() - t0
+
+    def _fill(self, b: Batch, s: str, st: _EndpointState, view: EngineView, now: float) -> None:
+        if view.model:
+            st.model = view.model
+        if st.window is None:
+            st.window = HistogramWindow(self.window())
+        fill_view(b, s, view, st.window, now)
+
+    async def _probes(self, b: Batch, s: str, ep: Endpoint, st: _EndpointState, now: float) -> None:
+        assert self._session is not None
+        limit = float(self.option("scrape_timeout"))
+        results: list[ProbeResult] = []
+        if "health" in ep.probes:
+            results.append(await probe_health(self._session, ep.url, limit))
+        if "models" in ep.probes:
+            r = await probe_models(self._session, ep.url, limit)
+            if r.models and not st.model:
+                st.model = r.models[0]
+            results.append(r)
+        if "generate" in ep.probes:
+            task = st.generate_task
+            if task is not None and task.done():
+                st.generate = None if task.cancelled() else task.result()
+                st.generate_task = None
+            model = ep.model or st.model
+            if st.generate_task is None and model and now - st.generate_at >= ep.generate_every:
+                st.generate_at = now
+                st.generate_task = asyncio.create_task(
+                    probe_generate(self._session, ep.url, model, ep.generate_deadline)
+                )
+            if st.generate is not None:
+                results.append(st.generate)
+        for r in results:
+            lab = labels_of(probe=r.probe)
+            b.add("serving.probe_success", s, 1.0 if r.ok else 0.0, lab)
+            b.add("serving.probe_latency", s, r.seconds, lab)
+            if r.probe == "health":
+                b.add("serving.healthy", s, 1.0 if r.ok else 0.0)
+                sup = self.supervisor
+                if r.ok and sup is not None and sup.subject == s:
+                    # engines whose log says nothing about listening (SGLang, TRT-LLM)
+                    sup.log_state.started = True
+            if not r.ok:
+                b.describe(s, **{f"probe_{r.probe}_error": r.detail[:300]})
+
+
+def _scan(path: Path) -> gates.ModelFiles | None:
+    try:
+        return gates.scan_model_dir(path)
+    except OSError:
+        return None

@@ -1,0 +1,201 @@
+"""Replay of a bundle's ``serving/<name>/`` directory into the serving signals.
+
+The files (metrics snapshots, log, command line, model file listing, probe results; see
+the bundle spec) go through the live collector's parsers, so a replayed endpoint gives the
+samples and events a live one would. A present but malformed file raises
+``ServingBundleError`` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from moptd.observations import Batch, Event, labels_of
+from moptd.serving.engines import view_from_samples
+from moptd.serving.gates import classify_names
+from moptd.serving.logparse import LogState, parse_line, split_prefix
+from moptd.serving.promtext import PromParseError, parse
+from moptd.serving.signals import HistogramWindow, fill_view
+from moptd.serving.spec import flag_value
+
+FILES = ("metrics/", "log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
+_PROBE_OF = {"/health": "health", "/v1/models": "models", "/v1/completions": "generate"}
+_TS = re.compile(r"^(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)$")
+
+
+class ServingBundleError(Exception):
+    def __init__(self, file: str, line: int, message: str) -> None:
+        super().__init__(f"{file}:{line}: {message}")
+        self.file, self.line, self.message = file, line, message
+
+
+@dataclass
+class ServingReplay:
+    observations: list[tuple[float, Batch]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # files of FILES not in the bundle
+
+
+def read_serving_dir(path: Path, window: float = 300.0, year: int | None = None) -> ServingReplay:
+    """``path`` is ``serving/<name>``; its subject is ``serving:<name>``. vLLM log lines
+    carry no year and local time: ``year`` (default: the first scrape's, else this year)
+    completes them as UTC."""
+    subject = f"serving:{path.name}"
+    out = ServingReplay()
+    scrape_times = _read_metrics(path / "metrics", subject, window, out)
+    first = min(scrape_times, default=None)
+    state = _read_log(path / "log.txt", subject, first, year, out)
+    t_static = first if first is not None else min((e.t for e in out.events), default=0.0)
+    static = Batch()
+    _read_cmdline(path / "cmdline.txt", subject, state, static, out)
+    _read_model_files(path / "model_files.txt", subject, static, out)
+    if state.kv_tokens is not None:
+        static.add("serving.kv_cache_capacity_tokens", subject, state.kv_tokens)
+    if state.max_concurrency is not None:
+        static.add("serving.kv_cache_max_concurrency", subject, state.max_concurrency)
+    if state.cuda_graphs:
+        static.add("serving.cuda_graphs_enabled", subject, float(state.cuda_graphs == "captured"))
+    if static.samples:
+        out.observations.append((t_static, static))
+    _read_health(path / "health.jsonl", subject, out)
+    out.observations.sort(key=lambda o: o[0])
+    out.events.sort(key=lambda e: e.t)
+    return out
+
+
+def _read_metrics(d: Path, subject: str, window: float, out: ServingReplay) -> list[float]:
+    if not d.is_dir():
+        out.missing.append("metrics/")
+        return []
+    hw = HistogramWindow(window)
+    pages: list[tuple[float, Path]] = []
+    for f in d.iterdir():
+        if f.suffix != ".prom":
+            continue
+        try:
+            t = float(f.stem)
+        except ValueError:
+            raise ServingBundleError(str(f), 0, "the file name must be a Unix time") from None
+        if not math.isfinite(t):
+            raise ServingBundleError(str(f), 0, "the file name must be a Unix time")
+        pages.append((t, f))
+    for t, f in sorted(pages):
+        try:
+            view = view_from_samples(parse(_text(f)))
+        except PromParseError as exc:
+            raise ServingBundleError(str(f), exc.line, str(exc).split(": ", 1)[-1]) from None
+        b = Batch()
+        b.add("serving.up", subject, 1.0)
+        fill_view(b, subject, view, hw, t)
+        if view.model:
+            b.describe(subject, model=view.model)
+        out.observations.append((t, b))
+    return [t for t, _ in pages]
+
+
+def _read_log(
+    f: Path, subject: str, first: float | None, year: int | None, out: ServingReplay
+) -> LogState:
+    state = LogState()
+    if not f.exists():
+        out.missing.append("log.txt")
+        return state
+    if year is None:
+        year = (
+            datetime.fromtimestamp(first, UTC).year if first is not None else datetime.now(UTC).year
+        )
+    t = first if first is not None else 0.0
+    for line in _text(f).splitlines():
+        head, _ = split_prefix(line)
+        stamp = _TS.match(head.get("ts", ""))
+        if stamp is not None:
+            mo, d, h, mi, s = (int(x) for x in stamp.groups())
+            try:
+                t = datetime(year, mo, d, h, mi, s, tzinfo=UTC).timestamp()
+            except ValueError:
+                pass  # 02-29 in another year: keep the previous time
+        rec = parse_line(line)
+        if rec is None:
+            continue
+        state.update(rec, t)
+        if rec.stream == "serving.engine_dead" and state.shutting_down:
+            continue
+        out.events.append(Event(rec.stream, subject, t, rec.fields, line[:1000]))
+    return state
+
+
+def _read_cmdline(f: Path, subject: str, state: LogState, b: Batch, out: ServingReplay) -> None:
+    if not f.exists():
+        out.missing.append("cmdline.txt")
+        return
+    args = tuple(a.strip() for a in _text(f).splitlines() if a.strip())
+    b.describe(subject, cmdline=" ".join(args)[:2000])
+    seqs = flag_value(args, "--max-num-seqs")
+    if seqs is not None:
+        if not seqs.isdigit():
+            raise ServingBundleError(
+                str(f),
+                _line_of(args, "--max-num-seqs") + 1,
+                f"--max-num-seqs {seqs!r} is not a number",
+            )
+        b.add("serving.max_num_seqs", subject, float(seqs))
+    if "--enforce-eager" in args and not state.cuda_graphs:
+        state.cuda_graphs = "disabled"
+
+
+def _line_of(args: tuple[str, ...], flag: str) -> int:
+    return next((i for i, a in enumerate(args) if a.startswith(flag)), 0) + 1
+
+
+def _read_model_files(f: Path, subject: str, b: Batch, out: ServingReplay) -> None:
+    if not f.exists():
+        out.missing.append("model_files.txt")
+        return
+    names = []
+    for line in _text(f).splitlines():
+        parts = line.split()
+        # `ls -l`: mode links owner group size month day time NAME; skip "total N"
+        if len(parts) >= 9 and parts[0][:1] in "-l":
+            names.append(parts[8])
+    files = classify_names(names)
+    b.add("serving.model_tokenizer_present", subject, float(files.has_tokenizer))
+    b.add("serving.model_unsafe_weights", subject, float(files.unsafe_only))
+
+
+def _read_health(f: Path, subject: str, out: ServingReplay) -> None:
+    if not f.exists():
+        out.missing.append("health.jsonl")
+        return
+    for n, line in enumerate(_text(f).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            t = float(rec["t"])
+            endpoint = str(rec["endpoint"])
+            status = int(rec.get("status") or 0)
+            latency = float(rec.get("latency_s", 0.0))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServingBundleError(
+                str(f), n, f"expected {{t, endpoint, status, latency_s}}: {exc}"
+            ) from None
+        probe = _PROBE_OF.get(endpoint, endpoint.strip("/").replace("/", "_") or "root")
+        b = Batch()
+        ok = 200 <= status < 300
+        b.add("serving.probe_success", subject, float(ok), labels_of(probe=probe))
+        b.add("serving.probe_latency", subject, latency, labels_of(probe=probe))
+        if probe == "health":
+            b.add("serving.healthy", subject, float(ok))
+        out.observations.append((t, b))
+
+
+def _text(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ServingBundleError(str(f), 0, f"cannot read: {exc.strerror}") from None

@@ -1,0 +1,279 @@
+"""Recognise the serving-engine log lines that carry diagnostic weight.
+
+Each recognised line becomes a ``LogRecord(stream, fields)``; the stream names are the
+event streams of moptd/catalog/serving.py. Lines are tested against cheap substrings
+before any regex, since a busy server writes an access-log line per request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from moptd.serving.oom import parse_oom
+
+_PREFIX = re.compile(
+    r"^(?:\x1b\[[0-9;]*m)?(?:\((?P<proc>[A-Za-z0-9_]+) pid=(?P<pid>\d+)\) )?"
+    r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
+    r"\[(?P<file>[^\]:]+):(?P<line>\d+)\] )?(?P<msg>.*)$"
+)
+_STATS = re.compile(
+    r"(?:Engine (?P<eng>\d{3})|(?P<neng>\d+) Engines Aggregated): Avg prompt throughput: "
+    r"(?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: (?P<gen_tps>[\d.]+) tokens/s, "
+    r"Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
+    r"(?:, Deferred: (?P<deferred>\d+) reqs)?"
+    r"(?:, KV fetch: \d+ waiting to start, \d+ in progress, \d+ completed waiting)?"
+    r"(?:, Preemptions: (?P<preemptions>\d+))?, (?P<kv_dev>[A-Z+ a-z]+?) KV cache usage: "
+    r"(?P<kv_pct>[\d.]+)%(?:, Prefix cache hit rate: (?P<prefix_pct>[\d.]+)%)?"
+)
+_SGLANG_DECODE = re.compile(
+    r"Decode batch.*?#running-req: (?P<running>\d+).*?token usage: (?P<usage>[\d.]+)"
+    r"(?:.*?cuda graph: (?P<graph>True|False))?.*?gen throughput \(token/s\): (?P<gen_tps>[\d.]+)"
+    r".*?#queue-req: (?P<waiting>\d+)"
+)
+_KV_SIZE = re.compile(r"(?P<dev>[A-Z+ a-z]+?) KV cache size: (?P<tokens>[\d,]+) tokens")
+_MAX_CONC = re.compile(
+    r"Maximum concurrency for (?P<per_req>[\d,]+) tokens per request: (?P<conc>[\d.,]+)x"
+)
+_KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+_GRAPH_DONE = re.compile(
+    r"Graph capturing finished in (?P<secs>[\d.]+) secs?, took (?P<gib>[\d.]+) GiB"
+)
+_VERSION = re.compile(
+    r"(?:vLLM server version (?P<a>[\w.+-]+)|Initializing a V1 LLM engine \(v(?P<b>[\w.+-]+)\)"
+    r"|^\s*\S.*\bversion (?P<c>\d+\.\d+\.\d+\S*)\s*$)"
+)
+_WATCHDOG = re.compile(r"\[Watchdog\]\s*Dumped stack to (?P<path>\S+) due to (?P<why>.*)")
+_SHM = re.compile(r"No available shared memory broadcast block found in (?P<secs>\d+) seconds?")
+_WORKER_DIED = re.compile(
+    r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)\)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    stream: str  # serving.<kind>, an event stream of the catalog
+    fields: dict[str, object] = field(default_factory=dict)
+
+
+def _f(x: str | None) -> float:
+    return float(x.replace(",", "")) if x else 0.0
+
+
+def split_prefix(line: str) -> tuple[dict[str, str], str]:
+    """vLLM's ``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file:line] message`` prefix, if any."""
+    m = _PREFIX.match(line)
+    if m is None:  # the pattern ends in .*, so only a line with odd characters gets here
+        return {}, line
+    head = {k: v for k, v in m.groupdict().items() if v is not None and k != "msg"}
+    return head, m.group("msg")
+
+
+def _stats(msg: str) -> LogRecord | None:
+    m = _STATS.search(msg)
+    if m is None:
+        return None
+    return LogRecord(
+        "serving.log_stats",
+        {
+            "engine": m.group("eng") or "all",
+            "prompt_tps": _f(m.group("prompt_tps")),
+            "gen_tps": _f(m.group("gen_tps")),
+            "running": _f(m.group("running")),
+            "waiting": _f(m.group("waiting")),
+            "preemptions": _f(m.group("preemptions")),
+            "kv_usage": _f(m.group("kv_pct")) / 100.0,
+        },
+    )
+
+
+def _sglang(msg: str) -> LogRecord | None:
+    m = _SGLANG_DECODE.search(msg)
+    if m is None:
+        return None
+    return LogRecord(
+        "serving.log_stats",
+        {
+            "engine": "0",
+            "prompt_tps": 0.0,
+            "gen_tps": _f(m.group("gen_tps")),
+            "running": _f(m.group("running")),
+            "waiting": _f(m.group("waiting")),
+            "preemptions": 0.0,
+            "kv_usage": _f(m.group("usage")),
+        },
+    )
+
+
+def _kv_capacity(msg: str) -> LogRecord | None:
+    size = _KV_SIZE.search(msg)
+    conc = _MAX_CONC.search(msg)
+    if size is None and conc is None:
+        return None
+    out: dict[str, object] = {}
+    if size is not None:
+        out["tokens"] = _f(size.group("tokens"))
+    if conc is not None:
+        out["max_concurrency"] = _f(conc.group("conc"))
+        out["tokens_per_request"] = _f(conc.group("per_req"))
+    return LogRecord("serving.kv_capacity", out)
+
+
+def _graphs(msg: str) -> LogRecord | None:
+    if "Enforce eager set" in msg:
+        return LogRecord("serving.cuda_graphs", {"state": "disabled", "reason": "enforce_eager"})
+    if "Cudagraph is disabled under eager mode" in msg:
+        return LogRecord("serving.cuda_graphs", {"state": "disabled", "reason": "eager_mode"})
+    if "Setting cudagraph_mode to NONE" in msg or "Disabling CUDA Graphs" in msg:
+        return LogRecord("serving.cuda_graphs", {"state": "disabled", "reason": "overridden"})
+    m = _GRAPH_DONE.search(msg)
+    if m is not None:
+        return LogRecord(
+            "serving.cuda_graphs",
+            {"state": "captured", "reason": "", "memory_bytes": _f(m.group("gib")) * 2**30},
+        )
+    return None
+
+
+def _engine_dead(msg: str) -> LogRecord | None:
+    for needle, kind in (
+        ("EngineDeadError", "engine_dead_error"),
+        ("EngineCore encountered a fatal error", "engine_core_fatal"),
+        ("engine core exited unexpectedly", "engine_core_exited"),
+        ("AsyncLLM output_handler failed", "output_handler_failed"),
+        ("Engine core initialization failed", "engine_init_failed"),
+        ("EngineCore failed to start", "engine_init_failed"),
+    ):
+        if needle in msg:
+            return LogRecord("serving.engine_dead", {"kind": kind})
+    m = _WORKER_DIED.search(msg)
+    if m is not None:
+        return LogRecord("serving.engine_dead", {"kind": "worker_died"})
+    return None
+
+
+def _hang(msg: str) -> LogRecord | None:
+    m = _WATCHDOG.search(msg)
+    if m is not None:
+        return LogRecord("serving.hang", {"kind": "watchdog_dump", "seconds": 0.0})
+    m = _SHM.search(msg)
+    if m is not None:
+        return LogRecord("serving.hang", {"kind": "shm_broadcast", "seconds": _f(m.group("secs"))})
+    if "Watchdog caught collective operation timeout" in msg or (
+        "NCCL" in msg and ("timeout" in msg.lower() or "timed out" in msg)
+    ):
+        return LogRecord("serving.hang", {"kind": "nccl_timeout", "seconds": 0.0})
+    if "RPC call to" in msg and "timed out" in msg:
+        return LogRecord("serving.hang", {"kind": "rpc_timeout", "seconds": 0.0})
+    return None
+
+
+def _startup_error(msg: str) -> LogRecord | None:
+    for needle, kind in (
+        ("Can't load tokenizer", "tokenizer"),
+        ("Failed to load the tokenizer", "tokenizer"),
+        ("Address already in use", "port_in_use"),
+        ("error while attempting to bind on address", "port_in_use"),
+        ("not enough GPU memory", "oom_on_load"),
+        ("No available memory for the cache blocks", "kv_no_memory"),
+        ("is less than desired GPU memory utilization", "gpu_memory_taken"),
+    ):
+        if needle in msg:
+            return LogRecord("serving.startup_error", {"kind": kind})
+    return None
+
+
+def _oom(msg: str) -> LogRecord | None:
+    oom = parse_oom(msg)
+    return None if oom is None else LogRecord("serving.cuda_oom", oom.fields())
+
+
+def _started(msg: str) -> LogRecord | None:
+    if "Starting vLLM server on" in msg or "Application startup complete" in msg:
+        return LogRecord("serving.lifecycle", {"kind": "server_started"})
+    # A requested stop (SIGTERM/SIGINT): vLLM then prints EngineDeadError while it tears
+    # down, which is no engine death. An engine that died prints those lines first.
+    if "shutdown triggered" in msg or "trigger received signal=SIG" in msg:
+        return LogRecord("serving.lifecycle", {"kind": "shutdown_requested"})
+    return None
+
+
+def _version(msg: str) -> LogRecord | None:
+    m = _VERSION.search(msg)
+    if m is None:
+        return None
+    return LogRecord("serving.version", {"version": m.group("a") or m.group("b") or m.group("c")})
+
+
+# (cheap substring that every matching message contains, parser)
+_PARSERS: tuple[tuple[str, Callable[[str], LogRecord | None]], ...] = (
+    ("Avg prompt throughput", _stats),
+    ("Decode batch", _sglang),
+    ("KV cache size", _kv_capacity),
+    ("Maximum concurrency", _kv_capacity),
+    ("ager", _graphs),
+    ("raph", _graphs),
+    ("ngine", _engine_dead),
+    ("died unexpectedly", _engine_dead),
+    ("Watchdog", _hang),
+    ("shared memory broadcast", _hang),
+    ("NCCL", _hang),
+    ("timed out", _hang),
+    ("out of memory", _oom),
+    ("tokenizer", _startup_error),
+    ("already in use", _startup_error),
+    ("bind on address", _startup_error),
+    ("memory", _startup_error),
+    ("Starting vLLM server", _started),
+    ("startup complete", _started),
+    ("shutdown", _started),
+    ("version", _version),
+)
+
+
+def parse_line(line: str) -> LogRecord | None:
+    """The first diagnostic record a log line carries, or None."""
+    if len(line) > 65536:  # a runaway line: keep the head, where the message starts
+        line = line[:65536]
+    for needle, parser in _PARSERS:
+        if needle in line:
+            _, msg = split_prefix(line)
+            rec = parser(msg)
+            if rec is not None:
+                return rec
+    return None
+
+
+@dataclass
+class LogState:
+    """What the log has said so far that later lines do not repeat (capacity, version)."""
+
+    kv_tokens: float | None = None
+    max_concurrency: float | None = None
+    cuda_graphs: str = ""  # "", "disabled", "captured"
+    version: str = ""
+    started: bool = False
+    shutting_down: bool = False  # a requested stop is under way: engine-death lines are noise
+    last_stats: dict[str, object] = field(default_factory=dict)
+    last_stats_t: float | None = None
+
+    def update(self, rec: LogRecord, t: float | None = None) -> None:
+        f = rec.fields
+        if rec.stream == "serving.kv_capacity":
+            if "tokens" in f:
+                self.kv_tokens = float(f["tokens"])  # type: ignore[arg-type]
+            if "max_concurrency" in f:
+                self.max_concurrency = float(f["max_concurrency"])  # type: ignore[arg-type]
+        elif rec.stream == "serving.cuda_graphs":
+            self.cuda_graphs = str(f["state"])
+        elif rec.stream == "serving.version" and not self.version:
+            self.version = str(f["version"])
+        elif rec.stream == "serving.lifecycle":
+            if f.get("kind") == "shutdown_requested":
+                self.shutting_down = True
+            else:
+                self.started, self.shutting_down = True, False
+        elif rec.stream == "serving.log_stats":
+            self.last_stats = dict(f)
+            self.last_stats_t = t

@@ -1,0 +1,121 @@
+"""A small, fast parser for the Prometheus text exposition format (0.0.4).
+
+prometheus_client's own parser takes about 8 ms for a real vLLM page; this one keeps only
+what moptd reads (name, labels, value) and parses the same page in well under a
+millisecond. It accepts the colons vLLM and SGLang put in metric names. A line that is not
+a sample, a comment or blank makes the whole page invalid: a half-understood scrape is
+worse than a failed one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from moptd.observations import Labels
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_NAME_RE = re.compile(_NAME)
+_TIMESTAMP = re.compile(r"-?\d+")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_SPECIAL = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
+
+
+class PromParseError(ValueError):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+class PromSample(NamedTuple):
+    name: str
+    labels: Labels
+    value: float
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], value)
+
+
+def parse_labels(text: str, line: int = 0) -> Labels:
+    """``a="1",b="x\\"y"`` -> (("a", "1"), ("b", 'x"y')), sorted."""
+    out: list[tuple[str, str]] = []
+    pos, end = 0, len(text)
+    while pos < end:
+        m = _LABEL.match(text, pos)
+        if m is None:
+            if text[pos:].strip() in ("", ","):
+                break
+            raise PromParseError(line, f"bad label set {{{text[:80]}}}")
+        out.append((m.group(1), _unescape(m.group(2))))
+        pos = m.end()
+    out.sort()
+    return tuple(out)
+
+
+def parse_value(text: str, line: int = 0) -> float:
+    special = _SPECIAL.get(text)
+    if special is not None:
+        return special
+    try:
+        return float(text)
+    except ValueError:
+        raise PromParseError(line, f"bad sample value {text[:40]!r}") from None
+
+
+# A page repeats the same few label sets on every scrape (model_name, engine, le=...), and
+# the same names: remembering them is what keeps a scrape well under a millisecond.
+_LABEL_CACHE: dict[str, Labels] = {}
+_NAMES: set[str] = set()
+_CACHE_MAX = 20000
+
+
+def _labels_cached(body: str, line: int) -> Labels:
+    got = _LABEL_CACHE.get(body)
+    if got is None:
+        got = parse_labels(body, line)
+        if len(_LABEL_CACHE) >= _CACHE_MAX:
+            _LABEL_CACHE.clear()
+        _LABEL_CACHE[body] = got
+    return got
+
+
+def _check_name(name: str, line: int) -> None:
+    if name not in _NAMES:
+        if _NAME_RE.fullmatch(name) is None:
+            raise PromParseError(line, f"bad metric name {name[:80]!r}")
+        if len(_NAMES) >= _CACHE_MAX:
+            _NAMES.clear()
+        _NAMES.add(name)
+
+
+def iter_samples(text: str) -> Iterator[PromSample]:
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace >= 0:
+            close = line.rfind("}")
+            if close < brace:
+                raise PromParseError(lineno, f"not a sample: {line[:80]!r}")
+            name = line[:brace].rstrip()
+            labels = _labels_cached(line[brace + 1 : close], lineno)
+            rest = line[close + 1 :].split()
+        else:
+            parts = line.split()
+            name, rest, labels = parts[0], parts[1:], ()
+        if not 1 <= len(rest) <= 2 or (len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1])):
+            raise PromParseError(lineno, f"not a sample: {line[:80]!r}")
+        _check_name(name, lineno)
+        yield PromSample(name, labels, parse_value(rest[0], lineno))
+
+
+def parse(text: str) -> list[PromSample]:
+    """Every sample of a page. Raises PromParseError naming the first bad line."""
+    return list(iter_samples(text))

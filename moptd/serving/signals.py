@@ -1,0 +1,79 @@
+"""An engine view (one scrape) as serving.* samples, with windowed latency quantiles.
+
+Shared by the live collector and bundle replay, so a saved page and a live scrape give the
+same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+
+from moptd.observations import Batch, labels_of
+from moptd.serving.engines import HISTOGRAMS, EngineView
+from moptd.serving.histogram import Histogram
+
+QUANTILES = (0.5, 0.9, 0.99)
+HIST_SIGNALS = {
+    "ttft": "serving.ttft",
+    "itl": "serving.itl",
+    "e2e": "serving.e2e_latency",
+    "queue_time": "serving.queue_time",
+}
+SCALAR_SIGNALS = (
+    ("running", "serving.requests_running"),
+    ("waiting", "serving.requests_waiting"),
+    ("kv_usage", "serving.kv_cache_usage"),
+    ("preemptions", "serving.preemptions"),
+    ("generation_tokens", "serving.generation_tokens"),
+    ("prompt_tokens", "serving.prompt_tokens"),
+    ("steps", "serving.engine_steps"),
+    ("process_cpu_seconds", "serving.api_cpu_seconds"),
+)
+
+
+class HistogramWindow:
+    """Recent cumulative histograms of one endpoint, to difference over a window."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.history: deque[tuple[float, dict[str, Histogram]]] = deque()
+
+    def add(self, now: float, hists: dict[str, Histogram]) -> dict[str, Histogram]:
+        """The observations of the last ``window`` seconds (everything, at first)."""
+        self.history.append((now, hists))
+        while len(self.history) > 1 and self.history[1][0] <= now - self.window:
+            self.history.popleft()
+        oldest = self.history[0][1] if len(self.history) > 1 else {}
+        return {name: (h.minus(oldest[name]) if name in oldest else h) for name, h in hists.items()}
+
+
+def fill_view(
+    b: Batch, subject: str, view: EngineView, window: HistogramWindow, now: float
+) -> None:
+    b.add("serving.engine_metrics_present", subject, 1.0 if view.engine_series else 0.0)
+    for key, signal in SCALAR_SIGNALS:
+        v = view.scalars.get(key)
+        if v is not None:
+            b.add(signal, subject, v)
+    for reason, v in view.by_label.get("waiting_by_reason", {}).items():
+        b.add("serving.requests_waiting_by_reason", subject, v, labels_of(reason=reason))
+    for reason, v in view.by_label.get("finished", {}).items():
+        b.add("serving.requests_finished", subject, v, labels_of(finished_reason=reason))
+    cc = view.cache_config
+    for key, signal in (
+        ("kv_cache_size_tokens", "serving.kv_cache_capacity_tokens"),
+        ("kv_cache_max_concurrency", "serving.kv_cache_max_concurrency"),
+        ("gpu_memory_utilization", "serving.gpu_memory_utilization"),
+    ):
+        with contextlib.suppress(KeyError, ValueError):
+            b.add(signal, subject, float(cc[key]))
+    recent = window.add(now, view.histograms)
+    for name in HISTOGRAMS:
+        h = recent.get(name)
+        if h is None:
+            continue
+        for q in QUANTILES:
+            value = h.quantile(q)
+            if value is not None:
+                b.add(HIST_SIGNALS[name], subject, value, labels_of(quantile=f"{q:g}"))

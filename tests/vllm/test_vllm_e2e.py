@@ -1,0 +1,228 @@
+"""End to end against a real vLLM: moptd starts it as its managed process, scrapes and
+probes it, loads it until requests queue and the KV cache fills, hangs its engine core
+with SIGSTOP (health stays 200: SCHEDULER_STALL), kills it (ENGINE_DEAD, then a restart),
+and refuses to start it on a taken port or a model without tokenizer files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.vllm.harness import MODEL, SUBJECT, Harness, free_port, group_pids, managed, require_vllm
+
+# Generous limits: on a 2-core CI box the server shares the CPU with the rest of the suite.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+READY_S = 240.0
+
+
+async def wait_for(h: Harness, what: str, cond, limit: float, every: float = 2.0) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        await h.collect()
+        if cond():
+            return
+        await asyncio.sleep(every)
+    state = h.collector.supervisor.status() if h.collector.supervisor else {}
+    tail = (
+        "\n".join(line for _, line in h.collector.supervisor.ring.tail(40))
+        if h.collector.supervisor
+        else ""
+    )  # type: ignore[union-attr]
+    pytest.fail(f"{what}: not within {limit:g}s; supervisor {state}\n{tail}")
+
+
+async def load(port: int, n: int, max_tokens: int, deadline: float) -> list[object]:
+    """n concurrent completions, bounded by deadline seconds; results or exceptions."""
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    timeout = aiohttp.ClientTimeout(total=deadline)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(i: int) -> object:
+            body = {
+                "model": "tinyllama",
+                "prompt": f"request {i}: the quick brown fox",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            }
+            async with session.post(url, json=body) as r:
+                return await r.json()
+
+        return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+
+
+async def group_gone(pgid: int, limit: float = 10.0) -> bool:
+    """Killed processes take a moment to leave /proc."""
+    t0 = time.monotonic()
+    while group_pids(pgid):
+        if time.monotonic() - t0 > limit:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+def engine_core(pgid: int) -> int:
+    for pid, cmd in group_pids(pgid).items():
+        if cmd.startswith("VLLM::EngineCore"):
+            return pid
+    pytest.fail(f"no VLLM::EngineCore in process group {pgid}: {group_pids(pgid)}")
+
+
+async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> None:
+    require_vllm()
+    port = free_port()
+    h = Harness(tmp_path, {"managed": managed(port), "quantile_window": "2m", "scrape_timeout": 10})
+    await h.start()
+    sup = h.collector.supervisor
+    assert sup is not None
+    try:
+        # --- start, scrape, probe ---
+        await wait_for(h, "ready", lambda: h.last("serving.healthy") == 1.0, READY_S)
+        await wait_for(
+            h,
+            "generation probe",
+            lambda: h.last("serving.probe_success", (("probe", "generate"),)) == 1.0,
+            30,
+        )
+        assert h.last("serving.up") == 1.0
+        assert h.last("serving.engine_metrics_present") == 1.0
+        assert h.last("serving.kv_cache_capacity_tokens") == 2048.0  # 16 blocks x 128
+        assert h.last("serving.max_num_seqs") == 8.0
+        assert h.last("serving.cuda_graphs_enabled") == 0.0  # --enforce-eager, from the log
+        assert h.last("serving.model_tokenizer_present") == 1.0
+        assert h.last("serving.starting") == 0.0
+        assert "CUDA_GRAPHS_DISABLED" in h.codes()
+        assert not {"SERVING_DOWN", "ENGINE_DEAD", "SCHEDULER_STALL"} & h.codes()
+        assert h.last("serving.scrape_duration") is not None
+        assert sup.log_state.version == "0.32.0"
+        pgid = sup.pid
+        assert pgid is not None
+        # On a 2-core box the server's busy loops would starve this test's event loop (and
+        # the collector in it); in production moptd has cores of its own.
+        os.setpriority(os.PRIO_PGRP, pgid, 10)
+
+        # --- load: requests queue (max-num-seqs 8) and the 40-block KV cache fills ---
+        seen = {"waiting": 0.0, "kv": 0.0, "capacity": 0.0}
+        # 480 tokens: each request ends holding 4 of the 39 usable 128-token blocks, and
+        # usage stays above 0.5 for the last third of each batch.
+        # 40 requests: five batches of 8, long enough to be seen by scrapes that a busy
+        # API server answers slowly; the 16-block KV cache fills (and preempts).
+        task = asyncio.create_task(load(port, 40, 480, 300))
+        while not task.done():
+            await h.collect()
+            seen["waiting"] = max(seen["waiting"], h.last("serving.requests_waiting") or 0)
+            seen["kv"] = max(seen["kv"], h.last("serving.kv_cache_usage") or 0)
+            seen["capacity"] = max(
+                seen["capacity"],
+                h.last("serving.requests_waiting_by_reason", (("reason", "capacity"),)) or 0,
+            )
+            await asyncio.sleep(0.25)
+        results = task.result()
+        assert all(isinstance(r, dict) and r.get("choices") for r in results), results[:3]
+        assert seen["waiting"] >= 1, seen
+        assert seen["capacity"] >= 1, seen
+        assert seen["kv"] >= 0.5, seen
+        await h.collect()
+        assert (h.last("serving.engine_steps") or 0) > 0
+        assert h.last("serving.queue_time", (("quantile", "0.99"),)) is not None
+
+        # --- SIGSTOP the engine core under load: health stays 200, nothing moves ---
+        # 200 requests (about 40 s of work here): still in flight when the engine stops
+        task = asyncio.create_task(load(port, 200, 480, 400))
+        await wait_for(
+            h,
+            "load running",
+            lambda: (h.last("serving.requests_running") or 0) > 0 or task.done(),
+            120,
+            0.2,
+        )
+        assert not task.done(), f"the load ended before the engine ran it: {task.result()[:3]}"
+        core = engine_core(pgid)
+        os.kill(core, signal.SIGSTOP)
+        try:
+            await wait_for(h, "SCHEDULER_STALL", lambda: "SCHEDULER_STALL" in h.codes(), 180, 5)
+            assert h.last("serving.healthy") == 1.0  # vLLM V1 /health only reflects a flag
+            frozen = (h.last("serving.requests_running"), h.last("serving.requests_waiting"))
+            assert (frozen[0] or 0) + (frozen[1] or 0) > 0
+            await asyncio.sleep(5)
+            await h.collect()
+            assert h.last("serving.up") == 1.0  # the API server still answers /metrics
+            now = (h.last("serving.requests_running"), h.last("serving.requests_waiting"))
+            assert now == frozen  # the gauges froze at their last values
+            await wait_for(
+                h,
+                "generation probe failing",
+                lambda: h.last("serving.probe_success", (("probe", "generate"),)) == 0.0,
+                90,
+            )
+        finally:
+            # --- then kill it: the API server notices, exits, and moptd restarts it ---
+            os.kill(core, signal.SIGKILL)
+        await wait_for(h, "restart", lambda: sup.restarts >= 1, 180, 1)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        exits = h.events("serving.process_exit")
+        assert exits
+        assert exits[-1].fields["expected"] is False
+        assert h.events("serving.engine_dead"), "no engine-death line in the log"
+        assert "ENGINE_DEAD" in h.codes()
+        assert await group_gone(pgid), f"the killed server left {group_pids(pgid)}"
+        await wait_for(h, "ready again", lambda: h.last("serving.healthy") == 1.0, READY_S)
+        assert h.last("serving.restarts") == 1.0
+    finally:
+        pid = sup.pid
+        await h.stop()
+    if pid is not None:
+        assert await group_gone(pid), f"stop left {group_pids(pid)} behind"
+    assert sup.last_exit.get("expected") is True
+
+
+async def test_port_conflict_refused_by_the_gate(tmp_path: Path) -> None:
+    require_vllm()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        h = Harness(tmp_path, {"managed": managed(port)})
+        await h.start()
+        try:
+            await wait_for(h, "gate", lambda: bool(h.events("serving.gate")), 30, 0.5)
+            gate = h.events("serving.gate")[0]
+            assert gate.fields["code"] == "PORT_CONFLICT"
+            assert "PORT_CONFLICT" in h.codes()
+            assert h.collector.supervisor is not None
+            assert h.collector.supervisor.pid is None  # never started
+            assert h.collector.supervisor.state in ("gated", "starting")
+        finally:
+            await h.stop()
+
+
+async def test_model_without_tokenizer_refused_by_the_gate(tmp_path: Path) -> None:
+    require_vllm()
+    model = tmp_path / "no-tokenizer"
+    shutil.copytree(MODEL, model)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (model / name).unlink(missing_ok=True)
+    h = Harness(tmp_path, {"managed": managed(free_port(), model)})
+    await h.start()
+    try:
+        await wait_for(h, "gate", lambda: bool(h.events("serving.gate")), 30, 0.5)
+        codes = {e.fields["code"] for e in h.events("serving.gate")}
+        assert codes == {"TOKENIZER_MISSING"}
+        assert "TOKENIZER_MISSING" in h.codes()
+        assert h.last("serving.model_tokenizer_present") == 0.0
+        assert h.collector.supervisor is not None
+        assert h.collector.supervisor.pid is None
+    finally:
+        await h.stop()
+    assert SUBJECT == "serving:tiny"
