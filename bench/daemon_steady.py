@@ -75,7 +75,7 @@ def main() -> int:
             d.stop()
     cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     result = {
-        "gpus": args.gpus if args.recording else 0,
+        "gpus": args.gpus if args.recording else "live",
         "seconds": round(elapsed, 1),
         "cpu_percent_of_one_core": round(100 * cpu_s / elapsed, 3),
         "rss_mb_start": round(rss_start / 2**20, 1),

@@ -19,7 +19,7 @@ H200 = FIXTURES / "bundles" / "h200-matmul-power-cap"
 
 def test_h200_bundle_timeline() -> None:
     tl = read_bundle(H200)
-    assert sorted(tl.missing) == ["container/daemon.json", "kernel/dkms_status.txt"]
+    assert sorted(tl.missing) == ["container/daemon.json", "kernel/dkms_status.txt", "serving/"]
     steps = tl.steps()
     assert len(steps) == 92  # 90 NVML samples + 2 nvidia-smi dumps
     assert steps[0] == pytest.approx(1795969286.0)
@@ -48,6 +48,7 @@ def test_empty_bundle_is_all_missing(tmp_path: Path, capsys: pytest.CaptureFixtu
         "kernel/proc_modules",
         "kernel/tainted",
         "kernel/uname_r",
+        "serving/",
     ]
 
 

@@ -118,11 +118,12 @@ def test_missing_tokenizer_is_critical(tmp_path):
 
 
 def test_bad_serving_configuration_is_critical_not_a_traceback(tmp_path):
-    code, body, out = doctor(tmp_path, serving={"name": "llm", "command": 42})
+    # the serving section is checked when the configuration loads: exit 2, file:line:key
+    code, _, out = doctor(tmp_path, serving={"name": "llm", "command": 42})
     assert code == 2
     assert "Traceback" not in out.stderr
-    bad = next(c for c in body["checks"] if c["name"] == "serving configuration")
-    assert "command" in bad["detail"]
+    assert "moptd.yaml:" in out.stderr
+    assert "key 'collectors.serving.managed.command'" in out.stderr
 
 
 def test_plain_checklist_output(tmp_path):
