@@ -70,6 +70,7 @@ def _check_metric_name(spec: SignalSpec) -> None:
 class Catalog(Mapping[str, SignalSpec]):
     def __init__(self, specs: list[SignalSpec]) -> None:
         self._by_name: dict[str, SignalSpec] = {}
+        self._metric_index: dict[str, SignalSpec] | None = None
         metrics: set[str] = set()
         for spec in specs:
             if spec.name in self._by_name:
@@ -91,6 +92,11 @@ class Catalog(Mapping[str, SignalSpec]):
 
     def exported(self) -> list[SignalSpec]:
         return [s for s in self._by_name.values() if s.metric is not None]
+
+    def by_metric_name(self, metric: str) -> SignalSpec:
+        if self._metric_index is None:
+            self._metric_index = self.by_metric()
+        return self._metric_index[metric]
 
     def by_metric(self) -> dict[str, SignalSpec]:
         return {s.metric: s for s in self._by_name.values() if s.metric is not None}

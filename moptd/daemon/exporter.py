@@ -11,17 +11,18 @@ import platform
 from collections.abc import Iterator
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     Metric,
 )
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from moptd import __version__
 from moptd.catalog import CATALOG, Catalog, SignalSpec
-from moptd.observations import subject_id, subject_kind
+from moptd.observations import Labels, subject_id, subject_kind
 from moptd.store import SignalStore, Snapshot
 
 # Labels each subject kind contributes, in order; values come from the subject id and
@@ -97,19 +98,98 @@ def make_registry(store: SignalStore) -> CollectorRegistry:
     return registry
 
 
+def _go_float(value: float) -> str:
+    # prometheus_client's formatting (1.0, 1.7e+09, +Inf), untyped upstream
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+class TextRenderer:
+    """The text exposition format (0.0.4) of a snapshot, byte for byte what
+    prometheus_client's generate_latest gives for render_families (a test holds them
+    equal), several times faster: the label part of each series is built once and kept
+    while the series and its subject's labels stay the same."""
+
+    MAX_CACHED = 20000
+
+    def __init__(self, catalog: Catalog = CATALOG) -> None:
+        self.catalog = catalog
+        self._prefix: dict[
+            tuple[str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]], str
+        ] = {}
+        self._build = (
+            f'moptd_build_info{{python="{platform.python_version()}",'
+            f'version="{_escape_label(__version__)}"}} 1.0\n'
+        )
+
+    def render(self, snapshot: Snapshot) -> bytes:
+        if len(self._prefix) > self.MAX_CACHED:
+            self._prefix.clear()
+        families: dict[str, list[str]] = {}
+        subject_parts: dict[str, tuple[tuple[str, str], ...]] = {}
+        for sample in snapshot.samples:
+            value = sample.value
+            if value is None or isinstance(value, str):
+                continue
+            spec = self.catalog.get(sample.signal)
+            if spec is None or spec.metric is None:
+                continue
+            subj = subject_parts.get(sample.subject)
+            if subj is None:
+                subj = tuple(subject_labels(sample.subject, snapshot.attrs).items())
+                subject_parts[sample.subject] = subj
+            key = (spec.metric, subj, sample.labels)
+            prefix = self._prefix.get(key)
+            if prefix is None:
+                prefix = self._prefix[key] = self._series_prefix(spec, dict(subj), sample.labels)
+            lines = families.get(spec.metric)
+            if lines is None:
+                lines = families[spec.metric] = []
+            lines.append(prefix + _go_float(value) + "\n")
+        build = self.catalog.get("node.build")
+        if build is not None and build.metric is not None:
+            families[build.metric] = [self._build]
+        out: list[str] = []
+        for metric in sorted(families):
+            spec = self.catalog.by_metric_name(metric)
+            kind = "counter" if spec.kind == "counter" else "gauge"
+            out.append(f"# HELP {metric} {_escape_help(spec.help)}\n# TYPE {metric} {kind}\n")
+            out.extend(families[metric])
+        return "".join(out).encode()
+
+    @staticmethod
+    def _series_prefix(spec: SignalSpec, subject: dict[str, str], extra: Labels) -> str:
+        values = dict(subject)
+        values.update(extra)
+        # prometheus_client writes label names sorted; so do we, to stay byte-identical
+        names = sorted([*SUBJECT_LABELS.get(spec.subject, ()), *spec.labels])
+        if not names:
+            return f"{spec.metric} "
+        inner = ",".join(f'{n}="{_escape_label(values.get(n, ""))}"' for n in names)
+        return f"{spec.metric}{{{inner}}} "
+
+
 class MetricsEndpoint:
     """GET /metrics: the text exposition of the latest snapshot, rendered once per
     snapshot change and served from memory to every scrape in between."""
 
     def __init__(self, store: SignalStore) -> None:
         self.store = store
-        self.registry = make_registry(store)
+        self.renderer = TextRenderer()
         self._version = -1
         self._body = b""
 
     def render(self) -> bytes:
         if self._version != self.store.version:
-            self._body = generate_latest(self.registry)
+            self._body = self.renderer.render(self.store.snapshot())
             self._version = self.store.version
         return self._body
 
