@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -12,7 +13,9 @@ _HEALTH_STYLE = {"ok": "green", "unavailable": "yellow", "failed": "bold red", "
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # piped into a file or a ticket, 80 columns would truncate the GPU table
+    width = None if sys.stdout.isatty() else 160
+    return Console(highlight=False, width=width)
 
 
 def _gib(v: Any) -> str:
@@ -100,6 +103,7 @@ def print_status(view: dict[str, Any]) -> None:
             f"{_num(node.get('cpu_count'))}, load {_num(node.get('load1'), '{:.2f}')}, "
             f"swappiness {_num(node.get('swappiness'))}"
         )
+    _print_driver(console, view.get("driver") or {})
     t = Table(title="Collectors", title_justify="left")
     for col in ("collector", "state", "since", "last run ms", "failures", "reason"):
         t.add_column(col)
@@ -114,3 +118,53 @@ def print_status(view: dict[str, Any]) -> None:
             c.get("reason") or "",
         )
     console.print(t)
+
+
+def _yes(flag: Any) -> str:
+    return "[green]yes[/]" if flag else "[bold red]no[/]"
+
+
+def _print_driver(console: Console, d: dict[str, Any]) -> None:
+    """The driver stack: versions, modules, device nodes, persistence."""
+    if not d or not (d.get("modules") or d.get("kernel_module_version")):
+        return
+    kernel = ", ".join(d.get("kernel_module_version") or []) or "-"
+    user = ", ".join(d.get("user_space_version") or []) or "-"
+    match = d.get("versions_match")
+    verdict = "" if match is None else ("  (match)" if match else "  [bold red](MISMATCH)[/]")
+    console.print(f"Driver: kernel module {kernel}, user space {user}{verdict}")
+    mods = d.get("modules") or {}
+    if mods:
+        console.print(
+            "  modules: "
+            + ", ".join(
+                f"{m} {'loaded' if ok else '[bold red]missing[/]'}"
+                for m, ok in sorted(mods.items())
+            )
+        )
+    nodes = d.get("device_nodes") or {}
+    if nodes:
+        console.print(
+            "  device nodes: "
+            + ", ".join(
+                f"{n}" if ok else f"[bold red]{n} missing[/]" for n, ok in sorted(nodes.items())
+            )
+        )
+    denied = [n for n, ok in (d.get("device_nodes_accessible") or {}).items() if not ok]
+    if denied:
+        console.print("  [bold red]not accessible:[/] " + ", ".join(sorted(denied)))
+    pm = d.get("persistence_mode") or {}
+    persist = []
+    if d.get("persistenced_running") is not None:
+        persist.append(f"nvidia-persistenced running: {_yes(d['persistenced_running'])}")
+    if pm:
+        persist.append(
+            "persistence mode on GPU "
+            + ", ".join(f"{g}: {'on' if v else 'off'}" for g, v in sorted(pm.items()))
+        )
+    if persist:
+        console.print("  " + "; ".join(persist))
+    gsp = d.get("gsp_firmware") or {}
+    if gsp:
+        versions = sorted({v for vs in gsp.values() for v in vs})
+        console.print(f"  GSP firmware: {', '.join(versions) or '-'}")

@@ -72,6 +72,59 @@ def _num(v: Value) -> float | int | str | None:
     return v
 
 
+def _fresh(store: SignalStore, signal: str, subject: str) -> list[tuple[dict[str, str], float]]:
+    """Label sets of a signal on a subject whose value was seen in the driver collector's
+    latest pass (older label sets, say a version before an upgrade, are history)."""
+    out = []
+    series = store.series_for(signal, subject)
+    newest = max((s.last_seen for _, s in series), default=0.0)
+    for labels, s in series:
+        value = s.last()
+        if value is not None and s.last_seen >= newest - 1.0:
+            out.append((dict(labels), value))
+    return out
+
+
+def driver_view(store: SignalStore) -> dict[str, Any]:
+    """The driver stack as the driver collector last saw it (empty before its first pass)."""
+
+    def versions(signal: str) -> list[str]:
+        return sorted({lab.get("version", "") for lab, _ in _fresh(store, signal, "node")})
+
+    return {
+        "kernel_module_version": versions("driver.kernel_module_version"),
+        "user_space_version": versions("driver.user_space_version"),
+        "versions_match": _num(store.latest("driver.nvml_version_match", "node")),
+        "modules": {
+            lab.get("module", ""): bool(v)
+            for lab, v in _fresh(store, "driver.module_loaded", "node")
+        },
+        "device_nodes": {
+            lab.get("node", ""): bool(v)
+            for lab, v in _fresh(store, "driver.dev_node_present", "node")
+        },
+        "device_nodes_accessible": {
+            f"{lab.get('node', '')} ({lab.get('user', '')})": bool(v)
+            for lab, v in _fresh(store, "driver.dev_node_accessible", "node")
+        },
+        "persistenced_running": _num(store.latest("driver.persistenced_running", "node")),
+        "persistence_mode": {
+            subject_id(s): _num(store.latest("gpu.persistence_mode", s))
+            for s in store.subjects("gpu")
+            if store.latest("gpu.persistence_mode", s) is not None
+        },
+        "gsp_firmware": {
+            subject_id(s): [
+                lab.get("version", "") for lab, _ in _fresh(store, "driver.gsp_firmware_version", s)
+            ]
+            for s in store.subjects("gpu")
+            if store.series_for("driver.gsp_firmware_version", s)
+        },
+        "tainted": _num(store.latest("driver.tainted", "node")),
+        "secure_boot": _num(store.latest("driver.secure_boot", "node")),
+    }
+
+
 def status_view(
     store: SignalStore, health: Iterable[CollectorHealth], started_at: float | None = None
 ) -> dict[str, Any]:
@@ -98,6 +151,7 @@ def status_view(
         "collectors": [h.as_dict() for h in health],
         "gpus": gpus,
         "node": node,
+        "driver": driver_view(store),
         "units": {f"gpu.{f}": CATALOG[f"gpu.{f}"].unit for f in _GPU_FIELDS}
         | {f"node.{f}": CATALOG[f"node.{f}"].unit for f in _NODE_FIELDS},
         "store": store.stats(),
