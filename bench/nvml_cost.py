@@ -102,13 +102,20 @@ def collector_cost(ngpus: int, fast_only: bool, n_rounds: int, ticks: int) -> li
     async def run() -> list[float]:
         await c.start()
         await c.collect()  # the first tick reads every tier; not counted
+        # Ticks are spaced as in the daemon (a sleep between them, so each read finishes
+        # before the next tick harvests it); the sleeps' own cost is measured and taken off.
+        c0 = cpu_now()
+        for _ in range(ticks):
+            await asyncio.sleep(0.005)
+        sleep_cost = cpu_now() - c0
         out = []
         for _ in range(n_rounds):
             c0 = cpu_now()
             for _ in range(ticks):
                 clock.advance(1.0)
                 await c.collect()
-            out.append((cpu_now() - c0) / (ticks * ngpus))
+                await asyncio.sleep(0.005)
+            out.append((cpu_now() - c0 - sleep_cost) / (ticks * ngpus))
         await c.stop()
         return out
 

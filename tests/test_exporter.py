@@ -39,6 +39,7 @@ def eight_gpu_store() -> SignalStore:
         await nvml.start()
         for _ in range(3):
             store.ingest("nvml", await nvml.collect())
+            await nvml.settle()  # the virtual clock jumps: let the next reads finish first
             store.ingest("host", await HostCollector(CollectorContext()).collect())
             clock.advance(1)
         await nvml.stop()

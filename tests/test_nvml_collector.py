@@ -37,6 +37,14 @@ def one(batch: Batch, signal: str, subject: str, labels: tuple = ()) -> object:
     return v
 
 
+async def tick(c: NvmlCollector) -> Batch:
+    """One collection, then wait for the read it started: the collector reports each
+    tick the read the previous tick started (pipelined), so tests settle in between."""
+    batch = await c.collect()
+    await c.settle()
+    return batch
+
+
 def collector(tmp_path: Path, recording: Path = RECORDING, clock=None, **options) -> NvmlCollector:
     opts = {"backend": "recorded", "recording": str(recording), "xid_events": False, **options}
     ctx = CollectorContext(options=opts, state_dir=tmp_path, clock=clock or VirtualClock(1000.0))
@@ -66,7 +74,7 @@ async def test_eight_gpus_from_a_one_gpu_recording(tmp_path: Path):
     c = collector(tmp_path, replicate=8)
     await c.start()
     try:
-        batch = await c.collect()
+        batch = await tick(c)
     finally:
         await c.stop()
     for i in range(8):
@@ -92,11 +100,11 @@ async def test_tiers_follow_their_intervals(tmp_path: Path):
     )
     await c.start()
     try:
-        await c.collect()
+        await tick(c)
         ages = []
         for _ in range(6):
             clock.advance(1.0)
-            b = await c.collect()
+            b = await tick(c)
             ages.append(
                 tuple(
                     one(b, "gpu.sample_age", "gpu:0", (("tier", tier),))
@@ -105,9 +113,11 @@ async def test_tiers_follow_their_intervals(tmp_path: Path):
             )
     finally:
         await c.stop()
-    assert [a[0] for a in ages] == [0.0] * 6
-    assert [a[1] for a in ages] == [1.0, 2.0, 3.0, 4.0, 0.0, 1.0]
-    assert [a[2] for a in ages] == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0]
+    # pipelined: each tick reports the read the previous tick started, so fast values
+    # are one tick old and a tier is never older than its interval
+    assert [a[0] for a in ages] == [1.0] * 6
+    assert [a[1] for a in ages] == [1.0, 2.0, 3.0, 4.0, 5.0, 1.0]
+    assert [a[2] for a in ages] == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
     assert [a[3] for a in ages] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 
 
@@ -121,7 +131,7 @@ async def test_costly_values_come_from_their_own_tier(tmp_path: Path):
     try:
         energies = []
         for _ in range(12):
-            b = await c.collect()
+            b = await tick(c)
             energies.append(one(b, "gpu.energy", "gpu:0"))
             assert (
                 one(b, "gpu.clock_event_time", "gpu:0", (("reason", "hw_power_brake_slowdown"),))
@@ -130,15 +140,16 @@ async def test_costly_values_come_from_their_own_tier(tmp_path: Path):
             clock.advance(1.0)
     finally:
         await c.stop()
-    assert len(set(energies[:10])) == 1
-    assert energies[10] > energies[0]
+    # read when due at t=10, reported by the next tick (t=11)
+    assert len(set(energies[:11])) == 1
+    assert energies[11] > energies[0]
 
 
 async def test_fast_values_advance_through_the_capture(tmp_path: Path):
     c = collector(tmp_path)
     await c.start()
     try:
-        powers = [one(await c.collect(), "gpu.power", "gpu:0") for _ in range(20)]
+        powers = [one(await tick(c), "gpu.power", "gpu:0") for _ in range(20)]
     finally:
         await c.stop()
     assert powers[0] == pytest.approx(94.963)
@@ -150,9 +161,9 @@ async def test_a_lost_gpu_does_not_disturb_the_others(tmp_path: Path):
     c = collector(tmp_path, path)
     await c.start()
     try:
-        first = await c.collect()  # GPU 1 reads its real entry first
-        second = await c.collect()  # then reaches the "lost" entry
-        third = await c.collect()
+        first = await tick(c)  # GPU 1 reads its real entry first
+        second = await tick(c)  # then reaches the "lost" entry
+        third = await tick(c)
     finally:
         await c.stop()
     assert one(first, "gpu.lost", "gpu:1") == 0.0
@@ -168,13 +179,18 @@ async def test_a_lost_gpu_does_not_disturb_the_others(tmp_path: Path):
 
 async def test_a_hung_gpu_does_not_delay_the_others(tmp_path: Path):
     path = write_recording(tmp_path, [{"gpu": 1, "tier": "fast", "fault": "hang", "seconds": 30}])
-    c = collector(tmp_path, path, gpu_deadline=0.3)
+    clock = VirtualClock(1000.0)
+    c = collector(tmp_path, path, clock=clock, gpu_deadline=0.3)
     await c.start()
     try:
-        await c.collect()
+        await c.collect()  # reads both GPUs, then starts the next reads: GPU 1's blocks
+        await c.settle(0.2)  # GPU 0's next read finishes; GPU 1's does not
+        clock.advance(1.0)  # past the deadline
         t0 = time.monotonic()
         hung = await c.collect()
         took = time.monotonic() - t0
+        await c.settle(0.2)
+        clock.advance(1.0)
         again = await c.collect()  # GPU 1's call is still blocked: skipped, not re-queued
     finally:
         await c.stop()  # ends the recorded hang
@@ -194,16 +210,17 @@ async def test_an_nvml_error_is_a_signal(tmp_path: Path):
     c = collector(tmp_path, path, clock=clock, slow_interval=1.0)
     await c.start()
     try:
-        await c.collect()
-        clock.advance(1.0)
-        b = await c.collect()
+        await tick(c)
+        for _ in range(2):  # due at t=1, reported at t=2
+            clock.advance(1.0)
+            b = await tick(c)
     finally:
         await c.stop()
     assert one(b, "gpu.nvml_error", "gpu:0") == 10.0
     assert one(b, "gpu.nvml_error", "gpu:1") == 0.0
     assert one(b, "gpu.lost", "gpu:0") == 0.0
     assert values(b, "gpu.util", "gpu:0") == [0.0]
-    assert one(b, "gpu.sample_age", "gpu:0", (("tier", "slow"),)) == 1.0  # kept, with its age
+    assert one(b, "gpu.sample_age", "gpu:0", (("tier", "slow"),)) == 2.0  # kept, with its age
 
 
 async def test_processes_are_attributed_from_proc(tmp_path: Path):
@@ -214,17 +231,18 @@ async def test_processes_are_attributed_from_proc(tmp_path: Path):
     c = collector(tmp_path, path, clock=clock, slow_interval=1.0)
     await c.start()
     try:
-        await c.collect()
-        clock.advance(1.0)
-        b = await c.collect()
+        await tick(c)
+        for _ in range(2):  # due at t=1, reported at t=2
+            clock.advance(1.0)
+            b = await tick(c)
         assert one(b, "process.gpu_memory", f"process:{pid}", (("gpu", "1"),)) == 2.0**30
         attrs = b.attrs[f"process:{pid}"]
         assert attrs["name"]  # from /proc/PID/comm
         assert "pytest" in attrs["cmdline"] or "python" in attrs["cmdline"]
         clock.advance(1.0)
-        gone = await c.collect()  # the recording wraps: no process any more
+        gone = await tick(c)  # the recording wraps: no process any more
         assert values(gone, "process.gpu_memory", f"process:{pid}") == []
-        assert c._procs == {}
+        assert f"process:{pid}" not in gone.attrs
     finally:
         await c.stop()
 
@@ -264,7 +282,7 @@ async def test_no_driver_is_unavailable(tmp_path: Path):
     with pytest.raises(Unavailable, match="NVIDIA driver not loaded"):
         await c.start()
     with pytest.raises(Unavailable):
-        await c.collect()
+        await tick(c)
     await c.stop()
 
 
@@ -276,7 +294,7 @@ async def test_driver_present_but_nvml_broken_is_a_failure(tmp_path: Path):
     c = NvmlCollector(CollectorContext(options={"backend": "live"}, procfs=procfs))
     await c.start()  # logs, and collect reports the failure
     with pytest.raises(RuntimeError, match="NVML init failed"):
-        await c.collect()
+        await tick(c)
     await c.stop()
 
 
@@ -286,7 +304,7 @@ async def test_bad_recording_option_fails_clearly(tmp_path: Path):
     c = collector(tmp_path, bad)
     await c.start()
     with pytest.raises(Exception, match=r"bad.jsonl:2: missing key 'reading'"):
-        await c.collect()
+        await tick(c)
     await c.stop()
 
 
@@ -295,7 +313,7 @@ async def test_exporter_renders_the_collector_output(tmp_path: Path):
     store = SignalStore(VirtualClock(1000.0))
     await c.start()
     try:
-        store.ingest("nvml", await c.collect(), 1000.0)
+        store.ingest("nvml", await tick(c), 1000.0)
     finally:
         await c.stop()
     families = {f.name: f for f in render_families(store.snapshot())}

@@ -7,6 +7,9 @@ each tier's age is exported as gpu.sample_age{tier}. Every GPU is read on its ow
 single-thread executor under a per-GPU deadline, so a GPU whose NVML calls hang (a GPU in
 recovery) or that is lost never delays the others: a hung GPU gets gpu.nvml_error = 10
 (NVML_ERROR_TIMEOUT) and is skipped until its call returns; a lost one gets gpu.lost = 1.
+Reads are pipelined: a tick reports the read the previous tick started (so fast values are
+one interval old, as gpu.sample_age says) and starts the next one without waiting for it,
+which saves an event-loop wake-up per tick (BENCHMARKS.md).
 NVML Xid events are read by a dedicated daemon thread and published as gpu.xid_event
 events.
 """
@@ -64,6 +67,8 @@ class _GpuState:
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
     worker: _GpuThread | None = None
     pending: concurrent.futures.Future[_Pass] | None = None
+    pending_since: float = 0.0  # when the pending read was started
+    last: tuple[_Pass, float] | None = None  # the last finished read and when it started
 
 
 @dataclass
@@ -238,27 +243,64 @@ class NvmlCollector(Collector):
         now = self.ctx.clock.now()
         deadline = float(self.option("gpu_deadline"))
         batch = Batch()
-        # GPUs whose previous read still hangs are skipped (and reported below).
-        ready = [(i, st) for i, st in self._gpus.items() if st.pending is None or st.pending.done()]
-        started: dict[int, concurrent.futures.Future[_Pass]] = {}
-        if ready:
-            all_done, tick_done = _countdown(len(ready))
-            for index, st in ready:
-                if st.worker is None:
-                    st.worker = _GpuThread(f"moptd-nvml-gpu{index}")
-                fut = st.worker.submit(self._read_gpu, backend, index, self._due(st, now))
-                st.pending = started[index] = fut
+        # Pipelined: a tick reports the read started on the previous tick (long finished;
+        # the age of each tier is exported) and starts the next read without waiting for
+        # it. Waiting woke the event loop once more per tick, which cost more CPU than the
+        # NVML calls themselves. Only a GPU that was never read is waited for, so the first
+        # collection is complete.
+        harvested: set[int] = set()
+        for index, st in self._gpus.items():
+            if st.pending is not None and st.pending.done():
+                if not st.pending.cancelled():
+                    self._harvest(index, st, st.pending.result(), st.pending_since)
+                    harvested.add(index)
+                st.pending = None
+        first_reads: dict[int, concurrent.futures.Future[_Pass]] = {}
+        for index, st in self._gpus.items():
+            if st.pending is not None:
+                continue  # still reading (or hanging): no second read behind it
+            if st.worker is None:
+                st.worker = _GpuThread(f"moptd-nvml-gpu{index}")
+            st.pending = st.worker.submit(self._read_gpu, backend, index, self._due(st, now))
+            st.pending_since = now
+            if index not in harvested and st.last is None:
+                first_reads[index] = st.pending
+        if first_reads:
+            all_done, tick_done = _countdown(len(first_reads))
+            for fut in first_reads.values():
                 fut.add_done_callback(all_done)
             await asyncio.wait({tick_done}, timeout=deadline)
+            for index, fut in first_reads.items():
+                st = self._gpus[index]
+                if fut.done() and not fut.cancelled():
+                    self._harvest(index, st, fut.result(), st.pending_since)
+                    harvested.add(index)
+                    assert st.worker is not None
+                    # and the read the next tick will report
+                    # (the first read covered every tier; the next one needs only fast)
+                    st.pending = st.worker.submit(self._read_gpu, backend, index, ("fast",))
         done_at = self.ctx.clock.now()
         for index, st in self._gpus.items():
-            read = started.get(index)
-            if read is None or not read.done() or read.cancelled():
+            late = st.pending is not None and done_at - st.pending_since >= deadline
+            if st.last is None or (late and index not in harvested):
                 self._report_hung(batch, index, st, done_at)
-                continue
-            self._report(batch, index, st, read.result(), done_at)
+            else:
+                # the newest finished read; while the next is under way and not yet late,
+                # the last one still stands
+                self._report(batch, index, st, st.last[0], done_at)
         self._drop_departed_processes()
         return batch
+
+    def _harvest(self, index: int, st: _GpuState, res: _Pass, read_at: float) -> None:
+        st.last = (res, read_at)
+        self._take(index, st, res, read_at)
+
+    async def settle(self, limit: float = 5.0) -> None:
+        """Wait until no read is under way (tests and benchmarks: the next collect then
+        reports the read the previous one started)."""
+        pending = [st.pending for st in self._gpus.values() if st.pending is not None]
+        if pending:
+            await asyncio.wait([asyncio.wrap_future(f) for f in pending], timeout=limit)
 
     def _due(self, st: _GpuState, now: float) -> tuple[str, ...]:
         tiers = ["fast"]
@@ -311,22 +353,9 @@ class NvmlCollector(Collector):
                 self._procs[p.pid] = info
 
     def _report(self, batch: Batch, index: int, st: _GpuState, res: _Pass, now: float) -> None:
+        """Add one GPU's samples from its newest read (already taken into `st`); tier ages
+        are counted to `now`."""
         subject = gpu_subject(index)
-        if res.static is not None:
-            st.static, st.read_at["static"] = res.static, now
-            st.static_batch = Batch()
-            add_static(st.static_batch, res.static)
-        if res.fast is not None:
-            st.fast, st.read_at["fast"] = res.fast, now
-        if res.costly is not None:
-            st.costly, st.read_at["costly"] = res.costly, now
-        if res.slow is not None:
-            st.slow, st.read_at["slow"] = res.slow, now
-        merged = merge_costly(st.slow, st.costly)
-        if merged is not None and (res.slow is not None or res.costly is not None):
-            st.slow_batch = Batch()
-            add_slow(st.slow_batch, index, merged)
-            self._describe_processes(st.slow_batch, merged)
         batch.extend(st.static_batch)
         if res.lost is not None:
             if not st.read_at.get("lost_logged"):
@@ -349,6 +378,24 @@ class NvmlCollector(Collector):
             index,
             {t: now - st.read_at[t] for t in TIERS if t in st.read_at},
         )
+
+    def _take(self, index: int, st: _GpuState, res: _Pass, read_at: float) -> None:
+        """Keep a new read's values and rebuild the samples of the tiers it refreshed."""
+        if res.static is not None:
+            st.static, st.read_at["static"] = res.static, read_at
+            st.static_batch = Batch()
+            add_static(st.static_batch, res.static)
+        if res.fast is not None:
+            st.fast, st.read_at["fast"] = res.fast, read_at
+        if res.costly is not None:
+            st.costly, st.read_at["costly"] = res.costly, read_at
+        if res.slow is not None:
+            st.slow, st.read_at["slow"] = res.slow, read_at
+        merged = merge_costly(st.slow, st.costly)
+        if merged is not None and (res.slow is not None or res.costly is not None):
+            st.slow_batch = Batch()
+            add_slow(st.slow_batch, index, merged)
+            self._describe_processes(st.slow_batch, merged)
 
     def _report_hung(self, batch: Batch, index: int, st: _GpuState, now: float) -> None:
         subject = gpu_subject(index)
