@@ -14,6 +14,8 @@ from rich.console import Console, Group
 from rich.text import Text
 from rich.tree import Tree
 
+from moptd.diagnose.engine import fmt
+
 _SEVERITY_STYLE = {
     "critical": "bold white on red",
     "warning": "bold black on yellow",
@@ -43,13 +45,7 @@ def ago(t: Any, now: float) -> str:
 
 
 def _value(v: Any) -> str:
-    if v is None:
-        return "unknown"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    return fmt(v)  # the same wording as the decision path the engine records
 
 
 def _header(f: dict[str, Any]) -> Text:

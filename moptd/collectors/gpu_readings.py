@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-# nvmlClocksEventReason* bits and the label values of gpu.clock_event_active. The same
-# table as moptd.daemon.views.CLOCK_EVENT_REASONS (collectors may not import the daemon).
+# nvmlClocksEventReason* bits (gpu-health-anchors.md §c1) and the label values of
+# gpu.clock_event_active; `moptd status` decodes the bitmask with the same table.
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x1, "gpu_idle"),
     (0x2, "applications_clocks_setting"),

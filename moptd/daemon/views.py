@@ -8,22 +8,10 @@ from typing import Any
 
 from moptd import __version__
 from moptd.catalog import CATALOG
+from moptd.collectors.gpu_readings import CLOCK_EVENT_REASONS
 from moptd.daemon.runtime import CollectorHealth
 from moptd.observations import Value, subject_id
 from moptd.store import SignalStore
-
-# nvmlClocksEventReason* bits (gpu-health-anchors.md §c1), in bit order.
-CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
