@@ -232,7 +232,7 @@ class NvmlCollector(Collector):
         if self.backend is not None and self._ready and not hung:
             # NVML shutdown while a call hangs could block the daemon's exit; skip it then.
             await asyncio.to_thread(self.backend.shutdown)
-        elif self.backend is not None:
+        elif hung:
             log.info("nvml: a GPU call is still hanging; not shutting NVML down")
         self._ready = False
         await super().stop()
