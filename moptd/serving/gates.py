@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moptd.observations import Event
 from moptd.serving.spec import Managed
 
 TOKENIZER_FILES = (
@@ -163,3 +164,17 @@ def run_gates(m: Managed) -> list[GateResult]:
     if m.model_dir is not None:
         results.extend(check_model_dir(m.model_dir))
     return results
+
+
+def refusal_events(subject: str, failed: list[GateResult], t: float) -> list[Event]:
+    """One serving.gate event per failed check: why the process was not started."""
+    return [
+        Event(
+            "serving.gate",
+            subject,
+            t,
+            {"code": g.code, "check": g.check, "reason": g.reason},
+            g.reason,
+        )
+        for g in failed
+    ]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from moptd.observations import Batch, Event
-from moptd.serving.gates import GateResult, run_gates
+from moptd.serving.gates import GateResult, refusal_events, run_gates
 from moptd.serving.logparse import LogState, parse_line
 from moptd.serving.logring import LineSplitter, LogRing
 from moptd.serving.logsource import fill_log_state
@@ -126,18 +126,7 @@ class Supervisor:
             if failed:
                 self.state, self.reason = "gated", "; ".join(g.reason for g in failed)
                 now = time.time()
-                self.publish(
-                    [
-                        Event(
-                            "serving.gate",
-                            self.subject,
-                            now,
-                            {"code": g.code, "check": g.check, "reason": g.reason},
-                            g.reason,
-                        )
-                        for g in failed
-                    ]
-                )
+                self.publish(refusal_events(self.subject, failed, now))
                 log.warning("serving %s not started: %s", self.spec.name, self.reason)
                 self.failures_in_row += 1
                 await self._sleep(

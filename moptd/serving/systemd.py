@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moptd.observations import Batch, Event
-from moptd.serving.gates import GateResult, run_gates
+from moptd.serving.gates import GateResult, refusal_events, run_gates
 from moptd.serving.logparse import LogState, parse_line
 from moptd.serving.logring import LineSplitter, LogRing
 from moptd.serving.logsource import fill_log_state
@@ -128,18 +128,7 @@ class SystemdSupervisor:
         if failed:
             self.state, self.reason = "gated", "; ".join(g.reason for g in failed)
             now = time.time()
-            self.publish(
-                [
-                    Event(
-                        "serving.gate",
-                        self.subject,
-                        now,
-                        {"code": g.code, "check": g.check, "reason": g.reason},
-                        g.reason,
-                    )
-                    for g in failed
-                ]
-            )
+            self.publish(refusal_events(self.subject, failed, now))
             return
         await self._blocking(self._write_env)
         await self._blocking(self.run, systemctl_argv("start", self.spec.name))
