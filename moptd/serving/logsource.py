@@ -34,6 +34,83 @@ def fill_log_state(b: Batch, subject: str, st: LogState, now: float) -> None:
         b.add("serving.log_stats_age", subject, max(0.0, now - st.last_stats_t))
 
 
+def log_events(
+    lines: list[str],
+    now: float,
+    subject: str,
+    ring: LogRing,
+    state: LogState,
+    stopping: Callable[[LogState], bool],
+) -> list[Event]:
+    """Keep each line in the ring, update the log state, and return the events the lines
+    carry. Engine-death lines printed while the server stops on request (``stopping``)
+    are not events: vLLM prints EngineDeadError on every requested shutdown."""
+    events: list[Event] = []
+    for line in lines:
+        ring.append(now, line)
+        rec = parse_line(line)
+        if rec is None:
+            continue
+        state.update(rec, now)
+        if rec.stream == "serving.engine_dead" and stopping(state):
+            continue
+        events.append(Event(rec.stream, subject, now, rec.fields, line[:1000]))
+    return events
+
+
+class JournalTail:
+    """``journalctl --follow`` of one unit in the background; each chunk's lines go to
+    ``on_lines(lines, now)``. Used for unmanaged servers and for the systemd backend."""
+
+    def __init__(
+        self, argv: list[str], on_lines: Callable[[list[str], float], None], what: str
+    ) -> None:
+        self.argv = argv
+        self.on_lines = on_lines
+        self.what = what
+        self._proc: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            log.warning("%s: cannot follow the journal: %s", self.what, exc)
+            return
+        self._task = asyncio.create_task(self._read(self._proc))
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        splitter = LineSplitter()
+        while chunk := await proc.stdout.read(65536):
+            self.on_lines(splitter.feed(chunk), time.time())
+
+    async def stop(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.terminate()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self._proc.wait()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def journal_follow_argv(unit: str, follow: bool = True, lines: int = 0) -> list[str]:
+    argv = ["journalctl", "--unit", unit, "--output", "cat", "--no-pager"]
+    argv += ["--lines", str(lines)]
+    if follow:
+        argv.append("--follow")
+    return argv
+
+
 class LogFollower:
     def __init__(
         self,
@@ -52,8 +129,7 @@ class LogFollower:
         self._splitter = LineSplitter()
         self._inode: int | None = None
         self._offset = 0
-        self._journal: asyncio.subprocess.Process | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._journal: JournalTail | None = None
 
     # --- a file: read what was appended since the last pass (blocking; collector thread) ---
 
@@ -83,48 +159,18 @@ class LogFollower:
     async def start(self) -> None:
         if self.unit is None:
             return
-        argv = ["journalctl", "--unit", self.unit, "--output", "cat", "--no-pager"]
-        argv += ["--lines", "0", "--follow"]
-        try:
-            self._journal = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-        except OSError as exc:
-            log.warning("%s: cannot follow journal unit %s: %s", self.subject, self.unit, exc)
-            return
-        self._task = asyncio.create_task(self._read_journal(self._journal))
-
-    async def _read_journal(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        splitter = LineSplitter()
-        while chunk := await proc.stdout.read(65536):
-            self.feed(splitter.feed(chunk), time.time())
+        self._journal = JournalTail(
+            journal_follow_argv(self.unit), self.feed, f"{self.subject} (unit {self.unit})"
+        )
+        await self._journal.start()
 
     async def stop(self) -> None:
-        if self._journal is not None and self._journal.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._journal.terminate()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await self._journal.wait()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        if self._journal is not None:
+            await self._journal.stop()
 
     def feed(self, lines: list[str], now: float) -> None:
-        events: list[Event] = []
-        for line in lines:
-            self.ring.append(now, line)
-            rec = parse_line(line)
-            if rec is None:
-                continue
-            self.state.update(rec, now)
-            if rec.stream == "serving.engine_dead" and self.state.shutting_down:
-                continue
-            events.append(Event(rec.stream, self.subject, now, rec.fields, line[:1000]))
+        events = log_events(
+            lines, now, self.subject, self.ring, self.state, lambda st: st.shutting_down
+        )
         if events:
             self.publish(events)

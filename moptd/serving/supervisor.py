@@ -23,9 +23,9 @@ from typing import Any
 
 from moptd.observations import Batch, Event
 from moptd.serving.gates import GateResult, refusal_events, run_gates
-from moptd.serving.logparse import LogState, parse_line
+from moptd.serving.logparse import LogState
 from moptd.serving.logring import LineSplitter, LogRing
-from moptd.serving.logsource import fill_log_state
+from moptd.serving.logsource import fill_log_state, log_events
 from moptd.serving.spec import Managed, flag_value
 
 log = logging.getLogger(__name__)
@@ -256,16 +256,15 @@ class Supervisor:
         if not lines:
             return
         now = time.time()
-        events: list[Event] = []
-        for line in lines:
-            self.ring.append(now, line)
-            rec = parse_line(line)
-            if rec is None:
-                continue
-            self.log_state.update(rec, now)
-            if rec.stream == "serving.engine_dead" and (self._stopping or self._restart_requested):
-                continue  # vLLM prints EngineDeadError while it shuts down on request
-            events.append(Event(rec.stream, self.subject, now, rec.fields, line[:1000]))
+        # vLLM prints EngineDeadError while it shuts down on request
+        events = log_events(
+            lines,
+            now,
+            self.subject,
+            self.ring,
+            self.log_state,
+            lambda _: self._stopping or self._restart_requested,
+        )
         if events:
             self.publish(events)
         self._write_log(lines)

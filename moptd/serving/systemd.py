@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import shlex
 import subprocess
@@ -20,9 +19,14 @@ from pathlib import Path
 
 from moptd.observations import Batch, Event
 from moptd.serving.gates import GateResult, refusal_events, run_gates
-from moptd.serving.logparse import LogState, parse_line
-from moptd.serving.logring import LineSplitter, LogRing
-from moptd.serving.logsource import fill_log_state
+from moptd.serving.logparse import LogState
+from moptd.serving.logring import LogRing
+from moptd.serving.logsource import (
+    JournalTail,
+    fill_log_state,
+    journal_follow_argv,
+    log_events,
+)
 from moptd.serving.spec import Managed, flag_value
 
 log = logging.getLogger(__name__)
@@ -57,11 +61,7 @@ def systemctl_argv(action: str, name: str) -> list[str]:
 
 
 def journal_argv(name: str, follow: bool = True, lines: int = 0) -> list[str]:
-    argv = ["journalctl", "--unit", unit_name(name), "--output", "cat", "--no-pager"]
-    argv += ["--lines", str(lines)]
-    if follow:
-        argv.append("--follow")
-    return argv
+    return journal_follow_argv(unit_name(name), follow, lines)
 
 
 def render_env_file(m: Managed) -> str:
@@ -111,8 +111,7 @@ class SystemdSupervisor:
         self.pid: int | None = None
         self.show: dict[str, str] = {}
         self.last_gates: list[GateResult] = []
-        self._journal: asyncio.subprocess.Process | None = None
-        self._follow: asyncio.Task[None] | None = None
+        self._journal: JournalTail | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"moptd-serving-{spec.name}"
         )
@@ -144,48 +143,27 @@ class SystemdSupervisor:
         tmp.replace(path)
 
     async def _follow_journal(self) -> None:
-        try:
-            self._journal = await asyncio.create_subprocess_exec(
-                *journal_argv(self.spec.name),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-        except OSError as exc:
-            log.warning("serving %s: cannot follow the journal: %s", self.spec.name, exc)
-            return
-        self._follow = asyncio.create_task(self._read(self._journal))
+        self._journal = JournalTail(
+            journal_argv(self.spec.name), self._on_lines, f"serving {self.spec.name}"
+        )
+        await self._journal.start()
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        splitter = LineSplitter()
-        while chunk := await proc.stdout.read(65536):
-            now = time.time()
-            events = []
-            for line in splitter.feed(chunk):
-                self.ring.append(now, line)
-                rec = parse_line(line)
-                if rec is not None:
-                    self.log_state.update(rec, now)
-                    stopping = self.state == "stopping" or self.log_state.shutting_down
-                    if rec.stream == "serving.engine_dead" and stopping:
-                        continue
-                    events.append(Event(rec.stream, self.subject, now, rec.fields, line[:1000]))
-            if events:
-                self.publish(events)
+    def _on_lines(self, lines: list[str], now: float) -> None:
+        events = log_events(
+            lines,
+            now,
+            self.subject,
+            self.ring,
+            self.log_state,
+            lambda st: self.state == "stopping" or st.shutting_down,
+        )
+        if events:
+            self.publish(events)
 
     async def stop(self) -> None:
         """Stop following; the unit keeps running (it is not moptd's child)."""
-        if self._journal is not None and self._journal.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._journal.terminate()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await self._journal.wait()
-        if self._follow is not None:
-            self._follow.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follow
+        if self._journal is not None:
+            await self._journal.stop()
 
     async def stop_unit(self) -> None:
         self.state = "stopping"
