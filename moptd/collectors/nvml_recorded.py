@@ -330,21 +330,12 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
                 base = d
         gpu = int(s.get("gpu", 0))
         g = base.gpus[min(gpu, len(base.gpus) - 1)]
-        fast = FastReading(
-            util=_scale(s.get("util"), 0.01),
+        fast = replace(
+            _sample_fast(s),
             memory_total=g.fast.memory_total,
-            memory_used=_scale(s.get("mem_used"), 1),
             memory_reserved=g.fast.memory_reserved,
-            temperature=_scale(s.get("temp"), 1),
-            power=_scale(s.get("power_mw"), 1e-3),
-            sm_clock=_scale(s.get("sm_clock"), 1e6),
-            mem_clock=_scale(s.get("mem_clock"), 1e6),
-            pstate=_scale(s.get("pstate"), 1),
-            clock_event_reasons=None
-            if s.get("clock_event_reasons") is None
-            else int(s["clock_event_reasons"]),
         )
-        procs = tuple(ProcessReading(int(p[0]), float(p[1])) for p in s.get("procs") or [])
+        procs = _sample_procs(s)
         slow = replace(
             g.slow,
             pcie_link_gen=_scale(s.get("pcie_gen"), 1),
@@ -353,6 +344,26 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
         rec.entries.append(Entry(t, gpu, "fast", fast))
         rec.entries.append(Entry(t, gpu, "slow", slow))
     return rec
+
+
+def _sample_fast(s: dict[str, Any]) -> FastReading:
+    """One row of nvml_samples.jsonl (fixtures/h200: percent, mW, MHz) in base units."""
+    return FastReading(
+        util=_scale(s.get("util"), 0.01),
+        memory_used=_scale(s.get("mem_used"), 1),
+        temperature=_scale(s.get("temp"), 1),
+        power=_scale(s.get("power_mw"), 1e-3),
+        sm_clock=_scale(s.get("sm_clock"), 1e6),
+        mem_clock=_scale(s.get("mem_clock"), 1e6),
+        pstate=_scale(s.get("pstate"), 1),
+        clock_event_reasons=None
+        if s.get("clock_event_reasons") is None
+        else int(s["clock_event_reasons"]),
+    )
+
+
+def _sample_procs(s: dict[str, Any]) -> tuple[ProcessReading, ...]:
+    return tuple(ProcessReading(int(p[0]), float(p[1])) for p in s.get("procs") or [])
 
 
 def _scale(v: Any, factor: float) -> float | None:
@@ -409,19 +420,8 @@ def _rows(lines: Sequence[str], path: Path) -> Recording:
                 raise ValueError("expected a JSON object")
             t = float(s["t"])
             gpu = int(s.get("gpu", 0))
-            fast = FastReading(
-                util=_scale(s.get("util"), 0.01),
-                memory_used=_scale(s.get("mem_used"), 1),
-                temperature=_scale(s.get("temp"), 1),
-                power=_scale(s.get("power_mw"), 1e-3),
-                sm_clock=_scale(s.get("sm_clock"), 1e6),
-                mem_clock=_scale(s.get("mem_clock"), 1e6),
-                pstate=_scale(s.get("pstate"), 1),
-                clock_event_reasons=None
-                if s.get("clock_event_reasons") is None
-                else int(s["clock_event_reasons"]),
-            )
-            procs = tuple(ProcessReading(int(p[0]), float(p[1])) for p in s.get("procs") or [])
+            fast = _sample_fast(s)
+            procs = _sample_procs(s)
         except json.JSONDecodeError as exc:
             raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
         except (KeyError, ValueError, TypeError, IndexError) as exc:
