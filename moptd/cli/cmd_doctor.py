@@ -106,11 +106,7 @@ async def _collect_once(config: Any) -> tuple[Any, list[Any]]:
     config = dataclasses.replace(config, collectors=collectors)
     store = SignalStore()
     runtime = make_runtime(config, store)
-    await runtime.start(loops=False)
-    try:
-        await runtime.run_once()
-    finally:
-        await runtime.stop()
+    await runtime.collect_once()
     return store, list(runtime.health.values())
 
 

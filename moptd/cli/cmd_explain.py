@@ -199,11 +199,7 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
     logging.getLogger("moptd").setLevel(logging.CRITICAL)
     store = SignalStore()
     runtime = make_runtime(config, store)
-    await runtime.start(loops=False)
-    try:
-        await runtime.run_once()
-    finally:
-        await runtime.stop()
+    await runtime.collect_once()
     rules = RuleService(store, SystemClock(), [default_rules_dir()])
     rules.tick()
     out = []

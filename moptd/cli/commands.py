@@ -101,13 +101,5 @@ async def offline_status(config: Config) -> dict[str, Any]:
     logging.getLogger("moptd").setLevel(logging.ERROR)
     store = SignalStore()
     runtime = make_runtime(config, store)
-    await runtime.start(loops=False)
-    try:
-        await runtime.run_once()
-        # the CPU share needs two readings; a short second pass gives it
-        await asyncio.sleep(0.2)
-        if "host" in runtime.collectors:
-            await runtime.run_collector("host")
-    finally:
-        await runtime.stop()
+    await runtime.collect_once(again=("host",))
     return status_view(store, runtime.health.values(), time.time())

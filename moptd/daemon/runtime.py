@@ -106,8 +106,22 @@ class CollectorRuntime:
                 log.warning("collector %s did not stop cleanly: %s", collector.name, exc)
 
     async def run_once(self) -> None:
-        """One pass of every collector, concurrently (for `status --offline`, doctor)."""
+        """One pass of every collector, concurrently."""
         await asyncio.gather(*(self.run_collector(name) for name in self.collectors))
+
+    async def collect_once(self, again: tuple[str, ...] = (), gap: float = 0.2) -> None:
+        """Start, collect once and stop, without a daemon (`status --offline`, doctor,
+        `explain --offline`). Collectors named in `again` get a second pass after `gap`
+        (the host's CPU share needs two readings)."""
+        await self.start(loops=False)
+        try:
+            await self.run_once()
+            second = [name for name in again if name in self.collectors]
+            if second:
+                await asyncio.sleep(gap)
+                await asyncio.gather(*(self.run_collector(name) for name in second))
+        finally:
+            await self.stop()
 
     async def _loop(self, name: str) -> None:
         interval = self.health[name].interval
