@@ -151,6 +151,8 @@ async def test_stop_kills_the_whole_group_after_the_grace_period(tmp_path: Path)
     assert time.monotonic() - t0 >= 0.9  # waited the grace period, then SIGKILL
     assert not _alive(leader)
     assert not _alive(child)
+    # the exit is published by the process watcher, which may run just after stop() returns
+    await until(lambda: any(e.stream == "serving.process_exit" for e in events))
     exit_ev = [e for e in events if e.stream == "serving.process_exit"][-1]
     assert exit_ev.fields["expected"] is True
 
