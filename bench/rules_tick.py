@@ -1,8 +1,10 @@
 """Time one rule-engine tick: the full default rule set over 8 GPUs and one serving endpoint.
 
-Fills a signal store with 10 minutes of 1-second samples for every gpu.* signal of 8 GPUs
-(changing values, so window functions walk real points), the host signals, every serving.*
-signal of one endpoint and a few kernel events, then times RuleService.tick() (evaluation and
+Fills a signal store with an hour (the longest window a shipped rule reads) of 1-second
+samples for every gpu.* signal of 8 GPUs (changing values, so window functions walk real
+points), the host signals, every serving.* signal of one endpoint and a few kernel events.
+Every counter rises, so the error rules match on every GPU: a worst case, since a match
+also computes its evidence and renders its summary. Then it times RuleService.tick() (evaluation and
 lifecycle) at 1-second steps. Target: at most 2 ms per tick.
 
     python bench/rules_tick.py [--ticks 300]
@@ -75,7 +77,9 @@ def batch_at(t: float) -> Batch:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ticks", type=int, default=300)
-    ap.add_argument("--history", type=int, default=600, help="seconds of history first")
+    ap.add_argument(
+        "--history", type=int, default=3600, help="seconds of history (longest rule window)"
+    )
     ap.add_argument("--rules", action="append", default=[], help="rule paths (default: shipped)")
     args = ap.parse_args()
     random.seed(1)

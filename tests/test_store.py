@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from moptd.clock import VirtualClock
 from moptd.observations import Batch, Event, Sample
 from moptd.store import Series, SignalStore
+from moptd.store import series as series_module
+from tests.series_reference import ReferenceSeries
 
 
 def series_of(points: list[tuple[float, float]]) -> Series:
@@ -161,3 +163,61 @@ def test_window_functions_never_raise_and_stay_in_range(points, now, window):
     assert inc is None or inc >= 0 or any(v < 0 for v in values)
     q = s.quantile(0.9, now, window)
     assert q is None or q in values
+
+
+def _close(a: float | int | None, b: float | int | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6 * (1 + abs(b)))
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(-1e6, 1e6)), max_size=60),
+       st.floats(0, 2e4), st.floats(0.001, 2e4), st.floats(0, 2e4),
+       st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]))
+def test_window_functions_agree_with_the_plain_reference(points, now, window, seen, q):
+    fast, ref = Series(), ReferenceSeries()
+    for t, v in sorted(points):
+        fast.append(t, v)
+        ref.append(t, v)
+    if points:  # a later "still the same value" sample moves last_seen only
+        t_last = max(t for t, _ in points) + seen
+        fast.append(t_last, fast.last() or 0.0)
+        ref.append(t_last, ref.last() or 0.0)
+    for name in ("avg", "min", "max", "increase", "rate", "changes"):
+        got, want = getattr(fast, name)(now, window), getattr(ref, name)(now, window)
+        assert _close(got, want), (name, got, want)
+    assert _close(fast.quantile(q, now, window), ref.quantile(q, now, window))
+    got, want = fast.slope(now, window), ref.slope(now, window)
+    assert (got is None) == (want is None), (got, want)
+    if got is not None and want is not None:
+        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6 * (1 + abs(want)))
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.floats(0.001, 50), st.floats(-1e6, 1e6), st.booleans()),
+                min_size=1, max_size=120),
+       st.floats(1, 400), st.integers(2, 8))
+def test_sliding_window_aggregates_agree_with_a_plain_pass(steps, window, max_points):
+    """min, max and slope kept incrementally as the window moves forward (and the series
+    compacts) give what walking the points gives, also for a query in the past."""
+    fast, ref = Series(max_points=max_points * 20), ReferenceSeries(max_points=max_points * 20)
+    old = series_module.SLIDING_FROM
+    series_module.SLIDING_FROM = 2  # exercise the incremental path on small windows
+    try:
+        t = 0.0
+        for dt, v, query in steps:
+            t += dt
+            fast.append(t, v)
+            ref.append(t, v)
+            if not query:
+                continue
+            for now in (t, t - window / 2):  # the second is a window in the past
+                assert _close(fast.min(now, window), ref.min(now, window))
+                assert _close(fast.max(now, window), ref.max(now, window))
+                got, want = fast.slope(now, window), ref.slope(now, window)
+                assert (got is None) == (want is None), (got, want)
+                if got is not None and want is not None:
+                    assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6 * (1 + abs(want)))
+    finally:
+        series_module.SLIDING_FROM = old

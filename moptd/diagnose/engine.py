@@ -9,6 +9,7 @@ to the next branch, and a rule that reaches no verdict with unknowns on the way 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -104,15 +105,18 @@ def evaluate(
 ) -> list[Result]:
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
-    cache: dict[str, list[tuple[str, str | None]]] = {}
+    envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
     out: list[Result] = []
     for rule in rule_list:
         if not rule.enabled:
             continue
-        if rule.scope not in cache:
-            cache[rule.scope] = subjects_for(rule.scope, store)
-        for subject, pci in cache[rule.scope]:
-            env = Env(store, subject, now, pci, missing, memo=memo)
+        scope_envs = envs.get(rule.scope)
+        if scope_envs is None:
+            scope_envs = envs[rule.scope] = [
+                Env(store, subject, now, pci, missing, memo=memo)
+                for subject, pci in subjects_for(rule.scope, store)
+            ]
+        for env in scope_envs:
             out.append(evaluate_one(rule, env))
     return out
 
@@ -194,4 +198,12 @@ def render(template: str, res: Result) -> str:
         "rule": res.rule.id,
         **res.evidence,
     }
-    return PLACEHOLDER.sub(lambda m: fmt(values.get(m.group(1))), template)
+    return "".join(
+        part if i % 2 == 0 else fmt(values.get(part)) for i, part in enumerate(_template(template))
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _template(template: str) -> list[str]:
+    """Literal text and placeholder names, alternating (split once per distinct text)."""
+    return PLACEHOLDER.split(template)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from moptd.catalog import SignalSpec
 from moptd.durations import parse_duration
-from moptd.observations import Event, Labels, subject_kind
+from moptd.observations import Event, subject_kind
 from moptd.store import Series, SignalStore
 
 Value = float | str | bool | None
@@ -56,6 +57,8 @@ _DURATION = re.compile(
     r"|(?<![\w.])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+)(?![\w.])"
 )
 _DUR_NAME = re.compile(r"__d_(\d+)")
+_READ_IDS: dict[tuple[object, ...], int] = {}  # distinct signal reads, for the per-pass memo
+_UNSET = object()
 
 
 class ExprError(ValueError):
@@ -93,10 +96,6 @@ class Expr:
 
     def __call__(self, env: Env) -> object:
         return self.fn(env)
-
-
-def _lookup(env: Env, signal: str, subject: str) -> list[tuple[Labels, Series]]:
-    return env.store.series_for(signal, subject)
 
 
 # --- three-valued helpers -------------------------------------------------------------
@@ -138,6 +137,21 @@ def _compare(op: ast.cmpop, a: object, b: object) -> object:
     except TypeError:
         return None
     raise AssertionError(op)  # pragma: no cover - the checker admits no other operator
+
+
+_FAST_COMPARE: dict[type[ast.cmpop], Callable[[float, float], bool]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+
+
+def _never(a: float, b: float) -> None:
+    """``in`` between two numbers: the right side is not a list, so unknown."""
+    return None
 
 
 def _arith(op: ast.operator, a: object, b: object) -> object:
@@ -249,19 +263,25 @@ class Compiler:
 
     def _compare(self, node: ast.Compare, st: _State) -> Compiled:
         first = self._node(node.left, st)
-        rest = [(op, self._node(c, st)) for op, c in zip(node.ops, node.comparators, strict=True)]
         for op in node.ops:
             if not isinstance(
                 op, ast.Eq | ast.NotEq | ast.Lt | ast.LtE | ast.Gt | ast.GtE | ast.In | ast.NotIn
             ):
                 raise self._err(f"comparison {type(op).__name__} is not allowed", node)
+        rest = [
+            (op, _FAST_COMPARE.get(type(op), _never), self._node(c, st))
+            for op, c in zip(node.ops, node.comparators, strict=True)
+        ]
 
         def run(env: Env) -> object:
             a = first(env)
             out: object = True
-            for op, fn in rest:
+            for op, fast, fn in rest:
                 b = fn(env)
-                r = _compare(op, a, b)
+                if a.__class__ is float and b.__class__ is float:
+                    r: object = fast(a, b)  # numbers: the common case, no dispatch
+                else:
+                    r = _compare(op, a, b)
                 if r is False:
                     return False
                 if r is None:
@@ -490,33 +510,38 @@ class Compiler:
                 return env.store.signal_subjects(name)
             return (env.subject,)
 
+        point_read = fname in ("last", "lowest", "highest", "present", "absent")
+        method: Callable[..., float | int | None] | None = (
+            None if point_read or fname == "quantile" else getattr(Series, fname)
+        )
+
         def one(env: Env, series: Series) -> float | None:
             now = env.now
-            if fname in ("last", "lowest", "highest", "present", "absent"):
+            if point_read:
                 if series.last_seen < now - env.stale_after:
                     return None
                 return series.last()
-            if fname == "quantile":
+            if method is None:
                 return series.quantile(q, now, window)
-            method: Callable[[float, float], float | int | None] = getattr(series, fname)
-            r = method(now, window)
+            r = method(series, now, window)
             return None if r is None else float(r)
 
-        key_base = (fname, name, window, q, want, collector, across_gpus)
+        # The memo lives for one evaluation pass (one time), so a read is keyed by what it
+        # reads and the subject only; an interned int keeps the key cheap to hash.
+        read_id = _READ_IDS.setdefault(
+            (fname, name, window, q, want, collector, across_gpus), len(_READ_IDS)
+        )
+        wants_text = fname in ("last", "present", "absent") and not want
 
         def run(env: Env) -> object:
             memo = env.memo
-            key: tuple[object, ...] = ()
-            if memo is not None:
-                key = (*key_base, env.subject, env.now)
-                if key in memo:
-                    result = memo[key]
-                    if env.trace is not None:
-                        env.trace.append((label, result))
-                    return result
-            result = compute(env)
-            if memo is not None:
-                memo[key] = result
+            if memo is None:
+                result = compute(env)
+            else:
+                key = (read_id, env.subject)
+                result = memo.get(key, _UNSET)
+                if result is _UNSET:
+                    result = memo[key] = compute(env)
             if env.trace is not None:
                 env.trace.append((label, result))
             return result
@@ -524,15 +549,16 @@ class Compiler:
         def compute(env: Env) -> object:
             values: list[float] = []
             text: object = None
+            store = env.store
             for subj in subjects(env):
-                for lbls, series in _lookup(env, name, subj):
+                for lbls, series in store.labelled(name, subj).items():
                     if want and not all(kv in lbls for kv in want):
                         continue
                     v = one(env, series)
-                    if v is not None and not math.isnan(v):
+                    if v is not None and v == v:  # v != v: NaN
                         values.append(v)
-                if fname in ("last", "present", "absent") and not values and not want:
-                    text = env.store.text(name, subj)
+                if wants_text and not values:
+                    text = store.text(name, subj)
             result: object
             if fname == "present":
                 result = bool(values) or text is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from moptd.clock import Clock, SystemClock
@@ -17,6 +17,8 @@ from moptd.observations import Batch, Event, Labels, Sample, Value, subject_kind
 from moptd.store.series import Series
 
 SeriesKey = tuple[str, str, Labels]  # (signal, subject, labels)
+
+_NO_SERIES: Mapping[Labels, Series] = {}
 
 __all__ = ["EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
 
@@ -81,6 +83,7 @@ class SignalStore:
         # (signal, subject) -> {labels: series}: rules look series up by these hundreds
         # of times a tick
         self._index: dict[tuple[str, str], dict[Labels, Series]] = {}
+        self._signal_subjects: dict[str, list[str]] = {}  # cleared when _index changes
         self._text: dict[SeriesKey, tuple[float, str | None]] = {}
         self._events: dict[str, EventLog] = {}
         self._current: dict[str, Batch] = {}  # source -> its latest batch
@@ -120,6 +123,7 @@ class SignalStore:
         if series is None:
             series = self._series[key] = Series(self.max_points)
             self._index.setdefault((s.signal, s.subject), {})[s.labels] = series
+            self._signal_subjects.clear()
         series.append(t, float(v))
 
     def add_events(self, events: Iterable[Event]) -> None:
@@ -148,6 +152,7 @@ class SignalStore:
                 per_subject.pop(key[2], None)
                 if not per_subject:
                     del self._index[(key[0], key[1])]
+                    self._signal_subjects.clear()
         for s in self._series.values():
             s.evict_before(horizon)
         for key in [k for k, (t, _) in self._text.items() if t < horizon]:
@@ -178,6 +183,10 @@ class SignalStore:
         """Every label set of a signal on one subject (e.g. clock_event_active by reason)."""
         return list(self._index.get((signal, subject), {}).items())
 
+    def labelled(self, signal: str, subject: str) -> Mapping[Labels, Series]:
+        """series_for without the copy, for the rule engine's hot path; do not modify."""
+        return self._index.get((signal, subject), _NO_SERIES)
+
     def text(self, signal: str, subject: str, labels: Labels = ()) -> str | None:
         entry = self._text.get((signal, subject, labels))
         return None if entry is None else entry[1]
@@ -197,7 +206,11 @@ class SignalStore:
 
     def signal_subjects(self, signal: str) -> list[str]:
         """Subjects that have at least one series of the signal."""
-        return sorted({subject for (sig, subject) in self._index if sig == signal})
+        cached = self._signal_subjects.get(signal)
+        if cached is None:
+            cached = sorted({subject for (sig, subject) in self._index if sig == signal})
+            self._signal_subjects[signal] = cached
+        return list(cached)
 
     def streams(self) -> list[str]:
         return list(self._events)

@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from array import array
+from itertools import islice, repeat
+
+from moptd.store.sliding import SlidingExtreme, SlidingSums
+
+SLIDING_FROM = 64  # points in a window from which min, max and slope are kept incrementally
 
 
 class Series:
-    __slots__ = ("_start", "_t", "_v", "last_seen", "max_points")
+    __slots__ = ("_base", "_sliding", "_start", "_t", "_v", "last_seen", "max_points")
 
     def __init__(self, max_points: int = 4096) -> None:
         self._t = array("d")
         self._v = array("d")
         self._start = 0  # index of the oldest live point; compacted lazily
+        self._base = 0  # points compacted away: local index + _base is a point's for good
+        # (function, window) -> aggregate kept up to date as the window moves; only for
+        # windows of at least SLIDING_FROM points, which is where walking them costs
+        self._sliding: dict[tuple[str, float], SlidingSums | SlidingExtreme] | None = None
         self.last_seen = -math.inf
         self.max_points = max_points
 
@@ -58,6 +68,7 @@ class Series:
         if self._start > 64 and self._start * 2 > len(self._t):
             del self._t[: self._start]
             del self._v[: self._start]
+            self._base += self._start
             self._start = 0
 
     # --- reading ---
@@ -74,9 +85,13 @@ class Series:
     def first_time(self) -> float | None:
         return self._t[self._start] if len(self._t) > self._start else None
 
-    def _window(self, now: float, window: float) -> list[tuple[float, float]] | None:
-        """Points that matter for [now - window, now]: the one in effect at the window's
-        start (clipped to it) and those inside. None when nothing was seen in the window."""
+    def _range(self, now: float, window: float) -> tuple[int, int, bool] | None:
+        """Index range [lo, hi) of the points inside (now - window, now], and whether the
+        point in effect at the window's start (index lo - 1) is carried in. None when
+        nothing was seen in the window.
+
+        The readers below work on array slices with C-level builtins (min, max, sum, map)
+        instead of building a list of tuples: a rule tick reads hundreds of windows."""
         if len(self._t) == self._start:
             return None
         start = now - window
@@ -85,49 +100,90 @@ class Series:
         # a point exactly at the window's start counts as the value carried in
         lo = bisect.bisect_right(self._t, start, self._start)
         hi = bisect.bisect_right(self._t, now, lo)
-        out = list(zip(self._t[lo:hi], self._v[lo:hi], strict=True))
-        if lo > self._start:
-            out.insert(0, (start, self._v[lo - 1]))
-        return out or None
-
-    def _segments(self, now: float, window: float) -> list[tuple[float, float]] | None:
-        """(value, duration) pieces of the step function inside the window, up to the
-        time the series was last seen."""
-        pts = self._window(now, window)
-        if pts is None:
+        carried = lo > self._start
+        if hi == lo and not carried:
             return None
+        return lo, hi, carried
+
+    def _values(self, now: float, window: float) -> array[float] | None:
+        r = self._range(now, window)
+        if r is None:
+            return None
+        lo, hi, carried = r
+        return self._v[lo - 1 if carried else lo : hi]
+
+    def _times(self, lo: int, hi: int, carried: bool, start: float) -> array[float]:
+        if not carried:
+            return self._t[lo:hi]
+        ts = self._t[lo - 1 : hi]
+        ts[0] = start  # the carried-in value holds from the window's start
+        return ts
+
+    def _durations(
+        self, now: float, window: float
+    ) -> tuple[array[float], array[float], float] | None:
+        """Values, how long each held inside the window (up to the time the series was
+        last seen), and the sum of those durations."""
+        r = self._range(now, window)
+        if r is None:
+            return None
+        lo, hi, carried = r
+        vs = self._v[lo - 1 if carried else lo : hi]
+        ts = self._times(lo, hi, carried, now - window)
         end = min(now, self.last_seen)
-        segs = []
-        for i, (t, v) in enumerate(pts):
-            t_next = pts[i + 1][0] if i + 1 < len(pts) else end
-            segs.append((v, max(0.0, t_next - t)))
-        return segs
+        durs = array("d", map(operator.sub, islice(ts, 1, None), ts))
+        durs.append(max(0.0, end - ts[-1]))
+        return vs, durs, max(0.0, end - ts[-1]) + (ts[-1] - ts[0])
 
     def avg(self, now: float, window: float) -> float | None:
-        segs = self._segments(now, window)
-        if segs is None:
+        got = self._durations(now, window)
+        if got is None:
             return None
-        total = sum(d for _, d in segs)
+        vs, durs, total = got
         if total == 0:
-            return sum(v for v, _ in segs) / len(segs)
-        return sum(v * d for v, d in segs) / total
+            return sum(vs) / len(vs)
+        return float(sum(map(operator.mul, vs, durs))) / total
 
     def min(self, now: float, window: float) -> float | None:
-        pts = self._window(now, window)
-        return None if pts is None else min(v for _, v in pts)
+        return self._extreme(now, window, True)
 
     def max(self, now: float, window: float) -> float | None:
-        pts = self._window(now, window)
-        return None if pts is None else max(v for _, v in pts)
+        return self._extreme(now, window, False)
+
+    def _extreme(self, now: float, window: float, is_min: bool) -> float | None:
+        r = self._range(now, window)
+        if r is None:
+            return None
+        lo, hi, carried = r
+        pick = min if is_min else max
+        if hi - lo < SLIDING_FROM:
+            return pick(self._v[lo - 1 if carried else lo : hi])
+        key = ("min" if is_min else "max", window)
+        agg = self._sliding.get(key) if self._sliding is not None else None
+        base = self._base
+        if isinstance(agg, SlidingExtreme) and agg.can_advance(lo + base, hi + base):
+            agg.advance(self._v, lo + base, hi + base, base)
+        elif agg is None or hi + base >= agg.hi:
+            agg = SlidingExtreme(self._v, lo, hi, base, is_min)
+            if self._sliding is None:
+                self._sliding = {}
+            self._sliding[key] = agg
+        else:  # a window in the past: answer it plainly, keep the live aggregate
+            return pick(self._v[lo - 1 if carried else lo : hi])
+        inside = agg.value(self._v, base)
+        assert inside is not None  # hi - lo >= SLIDING_FROM points are inside
+        return pick(inside, self._v[lo - 1]) if carried else inside
 
     def increase(self, now: float, window: float) -> float | None:
         """Counter increase over the window; a drop is a reset, counted from zero."""
-        pts = self._window(now, window)
-        if pts is None:
+        vs = self._values(now, window)
+        if vs is None:
             return None
+        if all(map(operator.le, vs, islice(vs, 1, None))):
+            return vs[-1] - vs[0]  # no reset: the common case, without a Python loop
         total = 0.0
-        prev = pts[0][1]
-        for _, v in pts[1:]:
+        prev = vs[0]
+        for v in islice(vs, 1, None):
             total += v - prev if v >= prev else v
             prev = v
         return total
@@ -147,45 +203,82 @@ class Series:
     def slope(self, now: float, window: float) -> float | None:
         """Least-squares slope (units per second) over the points in the window, with the
         last value repeated at the time it was last seen."""
-        pts = self._window(now, window)
-        if pts is None:
+        r = self._range(now, window)
+        if r is None:
             return None
-        if self.last_seen > pts[-1][0]:
-            pts = [*pts, (min(now, self.last_seen), pts[-1][1])]
-        n = len(pts)
-        if n < 2:
-            return None
-        # one pass over times shifted to the first point (keeps the sums well conditioned)
-        t0 = pts[0][0]
-        st = sv = stt = stv = 0.0
-        for t, v in pts:
-            x = t - t0
-            st += x
-            sv += v
-            stt += x * x
-            stv += x * v
-        var = stt - st * st / n
+        lo, hi, carried = r
+        if hi - lo < SLIDING_FROM:
+            return self._plain_slope(now, window, lo, hi, carried)
+        key = ("slope", window)
+        agg = self._sliding.get(key) if self._sliding is not None else None
+        base = self._base
+        if isinstance(agg, SlidingSums) and agg.can_advance(
+            lo + base, hi + base, window, self._t[lo]
+        ):
+            agg.advance(self._t, self._v, lo + base, hi + base, base)
+        elif agg is None or hi + base >= agg.hi:
+            agg = SlidingSums(self._t, self._v, lo, hi, base)
+            if self._sliding is None:
+                self._sliding = {}
+            self._sliding[key] = agg
+        else:  # a window in the past: answer it plainly, keep the live aggregate
+            return self._plain_slope(now, window, lo, hi, carried)
+        n, sx, sy, sxx, sxy = agg.n, agg.sx, agg.sy, agg.sxx, agg.sxy
+        extra = []
+        if carried:
+            extra.append((now - window, self._v[lo - 1]))
+        if self.last_seen > self._t[hi - 1]:
+            extra.append((min(now, self.last_seen), self._v[hi - 1]))
+        for t, v in extra:
+            x, y = t - agg.t_ref, v - agg.v_ref
+            n += 1
+            sx += x
+            sy += y
+            sxx += x * x
+            sxy += x * y
+        var = sxx - sx * sx / n
         if var <= 0:
             return None
-        return (stv - st * sv / n) / var
+        return (sxy - sx * sy / n) / var
+
+    def _plain_slope(
+        self, now: float, window: float, lo: int, hi: int, carried: bool
+    ) -> float | None:
+        vs = self._v[lo - 1 if carried else lo : hi]
+        ts = self._times(lo, hi, carried, now - window)
+        if self.last_seen > ts[-1]:
+            ts.append(min(now, self.last_seen))
+            vs.append(vs[-1])
+        n = len(ts)
+        if n < 2:
+            return None
+        # times shifted to the first point keep the sums well conditioned
+        xs = array("d", map(operator.sub, ts, repeat(ts[0], n)))
+        st = sum(xs)
+        var = float(sum(map(operator.mul, xs, xs))) - st * st / n
+        if var <= 0:
+            return None
+        return (float(sum(map(operator.mul, xs, vs))) - st * sum(vs) / n) / var
 
     def quantile(self, q: float, now: float, window: float) -> float | None:
         """Time-weighted quantile (0 <= q <= 1) of the value over the window."""
-        segs = self._segments(now, window)
-        if segs is None:
+        got = self._durations(now, window)
+        if got is None:
             return None
-        segs.sort()
-        total = sum(d for _, d in segs)
+        vs, durs, total = got
         if total == 0:
-            vals = [v for v, _ in segs]
+            vals = sorted(vs)
             return vals[min(len(vals) - 1, int(q * len(vals)))]
         acc = 0.0
-        for v, d in segs:
+        for v, d in sorted(zip(vs, durs, strict=True)):
             acc += d
             if acc >= q * total:
                 return v
-        return segs[-1][0]
+        return max(vs)
 
     def changes(self, now: float, window: float) -> int | None:
-        pts = self._window(now, window)
-        return None if pts is None else len(pts) - 1
+        r = self._range(now, window)
+        if r is None:
+            return None
+        lo, hi, carried = r
+        return hi - lo + carried - 1
