@@ -1,0 +1,69 @@
+"""moptd's own footprint: resident memory, CPU time, open files, threads and asyncio tasks.
+
+A daemon on every GPU host must show that it is not the thing that grows. These are the
+figures the soak benchmark watches, exported so an operator can alert on them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from moptd.collectors import procfs
+from moptd.collectors.base import Collector, register
+from moptd.observations import NODE, Batch
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_SELF = Path("/proc/self")  # always this process, whatever procfs root the host reads
+
+
+@register
+class DaemonSelfCollector(Collector):
+    name = "self"
+    default_interval = 10.0
+    default_timeout = 5.0
+
+    async def collect(self) -> Batch:
+        tasks = len(asyncio.all_tasks())  # on the loop: the task set is the loop's own
+        batch = await self.blocking(read_self, _SELF)
+        batch.add("daemon.tasks", NODE, float(tasks))
+        return batch
+
+
+def read_self(proc: Path) -> Batch:
+    b = Batch()
+    status = procfs.parse_keyvalue_ints(parse_status_numbers((proc / "status").read_text()))
+    if "VmRSS" in status:
+        b.add("daemon.resident_memory", NODE, float(status["VmRSS"] * 1024))
+    if "Threads" in status:
+        b.add("daemon.threads", NODE, float(status["Threads"]))
+    cpu = parse_stat_cpu_ticks((proc / "stat").read_text())
+    if cpu is not None:
+        b.add("daemon.cpu_seconds", NODE, cpu / CLOCK_TICKS)
+    b.add("daemon.open_fds", NODE, float(len(os.listdir(proc / "fd"))))
+    return b
+
+
+def parse_status_numbers(text: str) -> str:
+    """/proc/PID/status as "key value" lines: "VmRSS:  51234 kB" -> "VmRSS 51234"."""
+    out = []
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        first = rest.split()
+        if first and first[0].isdigit():
+            out.append(f"{key} {first[0]}")
+    return "\n".join(out)
+
+
+def parse_stat_cpu_ticks(text: str) -> int | None:
+    """utime + stime (fields 14 and 15) of /proc/PID/stat, in clock ticks. The command name
+    (field 2) is in parentheses and may hold spaces or parentheses: split after the last ')'."""
+    _, sep, rest = text.rpartition(")")
+    if not sep:
+        return None
+    fields = rest.split()
+    try:
+        return int(fields[11]) + int(fields[12])  # fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
