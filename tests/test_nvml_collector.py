@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -202,6 +203,54 @@ async def test_a_hung_gpu_does_not_delay_the_others(tmp_path: Path):
         assert one(b, "gpu.lost", "gpu:0") == 0.0
         assert values(b, "gpu.util", "gpu:0") == [0.0]
     assert one(again, "gpu.sample_age", "gpu:1", (("tier", "fast"),)) >= 0.0
+
+
+async def test_a_hung_gpu_first_in_line_holds_the_others_one_deadline_at_most(tmp_path: Path):
+    """Healthy GPUs share one reader thread. When the GPU read first hangs, the reads queued
+    behind it wait one deadline, then go on a new shared thread; the hung GPU keeps the
+    stuck one."""
+    path = write_recording(
+        tmp_path, [{"gpu": 0, "tier": "fast", "fault": "hang", "seconds": 30}], gpus=3
+    )
+    clock = VirtualClock(1000.0)
+    c = collector(tmp_path, path, clock=clock, gpu_deadline=0.3)
+    before = set(threading.enumerate())  # earlier tests' hung readers may still be blocked
+    await c.start()
+    try:
+        await c.collect()  # first reads; then GPU 0's next read blocks the shared thread
+        await c.settle(0.2)
+        clock.advance(1.0)
+        hung = await c.collect()  # GPU 0 isolated; GPUs 1 and 2 read again, elsewhere
+        await c.settle(0.5)
+        clock.advance(1.0)
+        after = await c.collect()
+        readers = [t.name for t in set(threading.enumerate()) - before if "reader" in t.name]
+    finally:
+        await c.stop()
+    assert one(hung, "gpu.nvml_error", "gpu:0") == 10.0
+    assert one(after, "gpu.nvml_error", "gpu:0") == 10.0
+    for ok in ("gpu:1", "gpu:2"):
+        assert one(after, "gpu.nvml_error", ok) == 0.0
+        assert values(after, "gpu.util", ok) == [0.0]
+        # the read reported was started on the previous tick, not the stuck one
+        assert one(after, "gpu.sample_age", ok, (("tier", "fast"),)) == 1.0
+    assert readers == ["moptd-nvml-reader"] * 2  # the stuck one and the new one
+
+
+async def test_healthy_gpus_share_one_reader_thread(tmp_path: Path):
+    c = collector(tmp_path, replicate=8)
+    before = set(threading.enumerate())
+    await c.start()
+    try:
+        for _ in range(3):
+            b = await tick(c)
+        readers = [t.name for t in set(threading.enumerate()) - before if "reader" in t.name]
+    finally:
+        await c.stop()
+    assert readers == ["moptd-nvml-reader"]
+    assert {s.subject for s in b.samples if s.signal == "gpu.util"} == {
+        f"gpu:{i}" for i in range(8)
+    }
 
 
 async def test_an_nvml_error_is_a_signal(tmp_path: Path):

@@ -4,9 +4,13 @@ Readings come in four cost tiers (moptd/collectors/gpu_readings.py): static at s
 every ``static_interval``, slow every ``slow_interval``, costly (total energy and two
 clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, fast every tick;
 each tier's age is exported as gpu.sample_age{tier}. Every GPU is read on its own
-single-thread executor under a per-GPU deadline, so a GPU whose NVML calls hang (a GPU in
-recovery) or that is lost never delays the others: a hung GPU gets gpu.nvml_error = 10
-(NVML_ERROR_TIMEOUT) and is skipped until its call returns; a lost one gets gpu.lost = 1.
+The GPUs are read one after another on one shared reader thread (one thread wake-up per
+tick, not one per GPU: on the GPU host the wake-ups cost more CPU than the NVML calls),
+under a per-GPU deadline. A GPU whose NVML call hangs (a GPU in recovery) holds up the
+ones behind it for one deadline at most: it then keeps the stuck thread as its own, the
+others move to a new shared thread, and from then on it is read alone. A hung GPU gets
+gpu.nvml_error = 10 (NVML_ERROR_TIMEOUT) and is skipped until its call returns; a lost one
+gets gpu.lost = 1.
 Reads are pipelined: a tick reports the read the previous tick started (so fast values are
 one interval old, as gpu.sample_age says) and starts the next one without waiting for it,
 which saves an event-loop wake-up per tick (BENCHMARKS.md).
@@ -65,7 +69,7 @@ class _GpuState:
     fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
     slow_batch: Batch = field(default_factory=Batch)
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
-    worker: _GpuThread | None = None
+    worker: _GpuThread | None = None  # its own thread, once it has hung; else the shared one
     pending: concurrent.futures.Future[_Pass] | None = None
     pending_since: float = 0.0  # when the pending read was started
     last: tuple[_Pass, float] | None = None  # the last finished read and when it started
@@ -171,6 +175,7 @@ class NvmlCollector(Collector):
         self._procs_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._shared: _GpuThread | None = None  # reads every GPU that has not hung
 
     # --- backend ------------------------------------------------------------------------
     def make_backend(self) -> GpuBackend:
@@ -229,6 +234,9 @@ class NvmlCollector(Collector):
             if st.worker is not None:
                 st.worker.shutdown()
                 st.worker = None
+        if self._shared is not None:
+            self._shared.shutdown()
+            self._shared = None
         if self.backend is not None and self._ready and not hung:
             # NVML shutdown while a call hangs could block the daemon's exit; skip it then.
             await asyncio.to_thread(self.backend.shutdown)
@@ -255,30 +263,34 @@ class NvmlCollector(Collector):
                     self._harvest(index, st, st.pending.result(), st.pending_since)
                     harvested.add(index)
                 st.pending = None
+        self._isolate_hung(now, deadline)
         first_reads: dict[int, concurrent.futures.Future[_Pass]] = {}
+        reads: list[tuple[int, tuple[str, ...]]] = []
         for index, st in self._gpus.items():
             if st.pending is not None:
                 continue  # still reading (or hanging): no second read behind it
-            if st.worker is None:
-                st.worker = _GpuThread(f"moptd-nvml-gpu{index}")
-            st.pending = st.worker.submit(self._read_gpu, backend, index, self._due(st, now))
-            st.pending_since = now
+            reads.append((index, self._due(st, now)))
+        for index, fut in self._submit(backend, reads).items():
+            st = self._gpus[index]
+            st.pending, st.pending_since = fut, now
             if index not in harvested and st.last is None:
-                first_reads[index] = st.pending
+                first_reads[index] = fut
         if first_reads:
             all_done, tick_done = _countdown(len(first_reads))
             for fut in first_reads.values():
                 fut.add_done_callback(all_done)
             await asyncio.wait({tick_done}, timeout=deadline)
+            again: list[tuple[int, tuple[str, ...]]] = []
             for index, fut in first_reads.items():
                 st = self._gpus[index]
                 if fut.done() and not fut.cancelled():
                     self._harvest(index, st, fut.result(), st.pending_since)
                     harvested.add(index)
-                    assert st.worker is not None
                     # and the read the next tick will report
                     # (the first read covered every tier; the next one needs only fast)
-                    st.pending = st.worker.submit(self._read_gpu, backend, index, ("fast",))
+                    again.append((index, ("fast",)))
+            for index, fut in self._submit(backend, again).items():
+                self._gpus[index].pending = fut
         done_at = self.ctx.clock.now()
         for index, st in self._gpus.items():
             late = st.pending is not None and done_at - st.pending_since >= deadline
@@ -290,6 +302,61 @@ class NvmlCollector(Collector):
                 self._report(batch, index, st, st.last[0], done_at)
         self._drop_departed_processes()
         return batch
+
+    def _submit(
+        self, backend: GpuBackend, reads: list[tuple[int, tuple[str, ...]]]
+    ) -> dict[int, concurrent.futures.Future[_Pass]]:
+        """Start reads: a GPU with a thread of its own on it, the rest as one job on the
+        shared thread. Each GPU gets its own future either way."""
+        futures: dict[int, concurrent.futures.Future[_Pass]] = {}
+        shared: list[tuple[int, tuple[str, ...], concurrent.futures.Future[_Pass]]] = []
+        for index, tiers in reads:
+            worker = self._gpus[index].worker
+            if worker is not None:
+                futures[index] = worker.submit(self._read_gpu, backend, index, tiers)
+            else:
+                fut: concurrent.futures.Future[_Pass] = concurrent.futures.Future()
+                shared.append((index, tiers, fut))
+                futures[index] = fut
+        if shared:
+            if self._shared is None:
+                self._shared = _GpuThread("moptd-nvml-reader")
+            self._shared.submit(self._read_gpus, backend, shared)
+        return futures
+
+    def _read_gpus(
+        self,
+        backend: GpuBackend,
+        reads: list[tuple[int, tuple[str, ...], concurrent.futures.Future[_Pass]]],
+    ) -> None:
+        """The shared thread's job: each GPU in turn, each result handed over as it is
+        read. A read cancelled meanwhile (it waited behind a hung GPU) is skipped."""
+        for index, tiers, fut in reads:
+            if fut.set_running_or_notify_cancel():
+                fut.set_result(self._read_gpu(backend, index, tiers))
+
+    def _isolate_hung(self, now: float, deadline: float) -> None:
+        """A shared read past its deadline means the shared thread is stuck in one GPU's
+        call. That GPU keeps the stuck thread as its own; the reads queued behind it are
+        cancelled (and started again now on a new shared thread)."""
+        stuck = [
+            (index, st)
+            for index, st in self._gpus.items()
+            if st.worker is None
+            and st.pending is not None
+            and not st.pending.done()
+            and now - st.pending_since >= deadline
+        ]
+        if not stuck or self._shared is None:
+            return
+        for index, st in stuck:
+            assert st.pending is not None
+            if st.pending.running():
+                log.warning("nvml: GPU %d stopped answering; reading it on its own thread", index)
+                st.worker = self._shared
+            elif st.pending.cancel():
+                st.pending = None
+        self._shared = None  # the next shared job starts a new thread
 
     def _harvest(self, index: int, st: _GpuState, res: _Pass, read_at: float) -> None:
         st.last = (res, read_at)
