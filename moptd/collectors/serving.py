@@ -242,10 +242,9 @@ class ServingCollector(Collector):
             )
             if r.status != 200:
                 raise FetchError(f"{ep.url}{ep.metrics_path}: HTTP {r.status}")
-            if ep.engine == "trtllm" and ep.metrics_path == "/metrics":
-                view = view_from_trtllm_stats(r.body)
-            else:
-                view = view_from_samples(parse(r.body.decode("utf-8")))
+            # A valid page near the size cap takes a second to parse: off the event loop,
+            # so the daemon's own /metrics and API answer meanwhile.
+            view = await asyncio.to_thread(_engine_view, ep, r.body)
         except (FetchError, PromParseError, ValueError) as exc:
             # UnicodeDecodeError and JSON errors are ValueErrors too
             return None, str(exc)[:300], time.monotonic() - t0
@@ -294,6 +293,12 @@ class ServingCollector(Collector):
                     sup.log_state.started = True
             if not r.ok:
                 b.describe(s, **{f"probe_{r.probe}_error": r.detail[:300]})
+
+
+def _engine_view(ep: Endpoint, body: bytes) -> EngineView:
+    if ep.engine == "trtllm" and ep.metrics_path == "/metrics":
+        return view_from_trtllm_stats(body)
+    return view_from_samples(parse(body.decode("utf-8")))
 
 
 def _scan(path: Path) -> gates.ModelFiles | None:

@@ -19,7 +19,9 @@ from moptd.observations import Labels
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _NAME_RE = re.compile(_NAME)
 _TIMESTAMP = re.compile(r"-?\d+")
-_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+# Possessive quantifiers: with a plain `(?:[^"\\]|\\.)*` the regex engine keeps a
+# backtracking state per character, and one 6 MiB label value took 1 GiB and 4 s.
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]++|\\.)*+)"[ \t]*(,|$)')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _SPECIAL = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
 
@@ -94,8 +96,15 @@ def _check_name(name: str, line: int) -> None:
         _NAMES.add(name)
 
 
+# vLLM's longest line (cache_config_info) is about 1 KiB. A longer line is not a metrics page,
+# and refusing it bounds what one line can cost the parser (split, label list).
+MAX_LINE = 64 << 10
+
+
 def iter_samples(text: str) -> Iterator[PromSample]:
     for lineno, raw in enumerate(text.split("\n"), 1):
+        if len(raw) > MAX_LINE:
+            raise PromParseError(lineno, f"line longer than {MAX_LINE} characters")
         line = raw.strip()
         if not line or line[0] == "#":
             continue

