@@ -11,6 +11,14 @@ R=$OUT/r
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 log() { echo "== $(date +%T) $*"; }
 
+# The GPU host reaches no package index: wheels brought along in .whl/ (gpustat, nvitop,
+# pytest-asyncio and their dependencies) are unpacked into a private site directory.
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/moptd-site .whl/*.whl
+    export PYTHONPATH=$PYTHONPATH:/tmp/moptd-site
+fi
+
 log "environment"
 { nvidia-smi -L; nvidia-smi --query-gpu=driver_version,pstate,clocks_event_reasons.active --format=csv;
   python3 -c 'import pynvml; print("nvidia-ml-py", pynvml.__file__)'; } >"$R/env.txt" 2>&1
@@ -21,6 +29,17 @@ echo "gpu tests rc=$?" >>"$R/gpu_tests.log"
 
 log "NVML cost, side by side"
 python3 bench/nvml_cost.py --out "$R/nvml_cost.json" >"$R/nvml_cost.txt" 2>&1
+
+if [ -f bench/_nvml_old.py ]; then
+    log "older collector against the current one"
+    python3 bench/nvml_collector_compare.py --old bench/_nvml_old.py \
+        --label-old "thread per GPU" --label-new "shared thread" \
+        >"$R/collector_compare.txt" 2>&1
+fi
+
+log "anchors polled once a second"
+python3 bench/anchor_steady.py --seconds 30 --out "$R/anchors_steady.json" \
+    >"$R/anchors_steady.txt" 2>&1
 
 log "live daemon"
 python3 bench/live_daemon_check.py --out "$R" >"$R/live_daemon.txt" 2>&1

@@ -209,16 +209,16 @@ def subprocess_cost(argv: list[str], n: int, ngpus: int) -> list[float]:
 def gpustat_cost(n: int, ngpus: int) -> list[float] | str:
     try:
         from gpustat import GPUStatCollection
-    except ImportError:
-        return "gpustat not importable"
+    except ImportError as exc:
+        return f"gpustat not importable: {str(exc).strip().splitlines()[-1]}"
     return rounds(lambda: GPUStatCollection.new_query(), n, 1, ngpus)
 
 
 def nvitop_cost(n: int, ngpus: int) -> list[float] | str:
     try:
         from nvitop import Device
-    except ImportError:
-        return "nvitop not importable"
+    except ImportError as exc:
+        return f"nvitop not importable: {str(exc).strip().splitlines()[-1]}"
 
     def once() -> None:
         for d in Device.all():

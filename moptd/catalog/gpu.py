@@ -174,7 +174,7 @@ SIGNALS = [
         "energy",
         "counter",
         "joules",
-        "Energy used since the driver loaded; costly tier (30 s).",
+        "Energy used since the driver loaded; costly tier (10 s).",
         "moptd_gpu_energy_joules_total",
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     ),
@@ -199,7 +199,7 @@ SIGNALS = [
         "seconds",
         "Cumulative time clocks were held down for the named reason (NVML field values; they "
         "catch throttling between samples); slow tier, but hw_thermal_slowdown and "
-        "hw_power_brake_slowdown costly tier (30 s).",
+        "hw_power_brake_slowdown costly tier (10 s).",
         "moptd_gpu_clock_event_seconds_total",
         "DCGM_FI_DEV_POWER_VIOLATION (and kin)",
         labels=("reason",),

@@ -1,0 +1,89 @@
+"""Real NVML error paths on a real GPU host, through the live backend.
+
+- NotSupported: an H200 has no page retirement (Ampere and later remap rows instead), so
+  NVML answers NotSupported for the retired-page fields. That is a value, not an error:
+  the signal is absent (never 0) and gpu.nvml_error stays 0.
+- A GPU NVML refuses: the live backend is given one more device whose handle is NULL, so
+  every call for it goes into the real libnvidia-ml and comes back
+  NVML_ERROR_INVALID_ARGUMENT. That GPU reports the error as a signal; the real GPUs keep
+  their readings; the collector never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DRIVER_PRESENT = Path("/dev/nvidiactl").exists()
+
+
+def _values(batch, signal: str, subject: str) -> list[float]:
+    return [s.value for s in batch.samples if s.signal == signal and s.subject == subject]
+
+
+@pytest.fixture
+def live():
+    if not DRIVER_PRESENT:
+        pytest.skip("no NVIDIA driver on this host")
+
+
+async def _run(tmp_path: Path, backend, ticks: int = 3):
+    from moptd.collectors.base import CollectorContext
+    from moptd.collectors.nvml import NvmlCollector
+
+    c = NvmlCollector(
+        CollectorContext(options={"xid_events": False}, state_dir=tmp_path)
+    )
+    c.backend = backend
+    await c.start()
+    try:
+        for _ in range(ticks):
+            batch = await c.collect()
+            await c.settle()
+            await asyncio.sleep(0.1)
+    finally:
+        await c.stop()
+    return batch
+
+
+async def test_not_supported_fields_are_absent_not_zero(live, tmp_path: Path):
+    from moptd.collectors.nvml_backend import NvmlBackend
+
+    backend = NvmlBackend()
+    batch = await _run(tmp_path, backend)
+    probe = NvmlBackend()
+    probe.init()
+    try:
+        slow = probe.read_slow(0)
+    finally:
+        probe.shutdown()
+    if slow.retired_pages_sbe is not None:
+        pytest.skip("this GPU supports page retirement (pre-Ampere)")
+    assert _values(batch, "gpu.retired_pages", "gpu:0") == []
+    assert _values(batch, "gpu.nvml_error", "gpu:0") == [0.0]
+    assert _values(batch, "gpu.util", "gpu:0")
+
+
+async def test_a_gpu_nvml_refuses_is_an_error_signal_and_the_others_go_on(live, tmp_path: Path):
+    import pynvml
+
+    from moptd.collectors.nvml_backend import NvmlBackend
+
+    class OneMoreGpu(NvmlBackend):
+        def init(self) -> None:
+            super().init()
+            self.refused = len(self._handles)
+            self._handles[self.refused] = pynvml.c_nvmlDevice_t()  # NULL: NVML refuses it
+
+    backend = OneMoreGpu()
+    batch = await _run(tmp_path, backend)
+    bad = f"gpu:{backend.refused}"
+    assert _values(batch, "gpu.nvml_error", bad) == [float(pynvml.NVML_ERROR_INVALID_ARGUMENT)]
+    assert _values(batch, "gpu.util", bad) == []
+    for i in range(backend.refused):
+        assert _values(batch, "gpu.nvml_error", f"gpu:{i}") == [0.0]
+        assert _values(batch, "gpu.util", f"gpu:{i}")
