@@ -14,10 +14,13 @@ from typing import Any
 
 import yaml
 
+from moptd import yamlsafe
 from moptd.collectors.base import Collector, OptionError
 from moptd.durations import parse_duration
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
+# A full configuration with every key is a few KiB; anything near this is not one.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class ConfigError(Exception):
@@ -149,7 +152,7 @@ def _line_map(text: str) -> dict[tuple[str, ...], int]:
                 lines[(*path, key)] = key_node.start_mark.line + 1
                 walk(value_node, (*path, key))
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    root = yamlsafe.compose(text)
     if root is not None:
         walk(root, ())
     return lines
@@ -237,16 +240,23 @@ def load_config(path: Path | None, registry: Mapping[str, type[Collector]]) -> C
     text = ""
     if path is not None:
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_CONFIG_BYTES + 1)
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})") from exc
     return parse_config(text, source, registry)
 
 
 def parse_config(text: str, source: str, registry: Mapping[str, type[Collector]]) -> Config:
     try:
         lines = _line_map(text)
-        data = yaml.safe_load(text) if text.strip() else {}
+        data = yamlsafe.load(text) if text.strip() else {}
         merged = _apply(full_schema(registry), data, ())
         return _build(merged, source, lines, registry)
     except yaml.MarkedYAMLError as exc:

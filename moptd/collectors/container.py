@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from moptd import yamlsafe
 from moptd.collectors.base import Collector, CollectorContext, Option, register
 from moptd.collectors.driver import parse_module_version
 from moptd.observations import NODE, Batch, labels_of
@@ -123,7 +124,7 @@ def _strings(node: Any, depth: int = 0) -> Iterator[str]:
 def parse_cdi_spec(text: str, source: str) -> CdiSpec:
     """A CDI spec (YAML or JSON) -> its kind and the driver version its libraries name."""
     try:
-        data = yaml.safe_load(text)
+        data = yamlsafe.load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}{_where(exc)}: not valid YAML/JSON") from None
     if not isinstance(data, dict):

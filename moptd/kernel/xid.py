@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from moptd import yamlsafe
+
 CATALOG_PATH = Path(__file__).with_name("xid_catalog.yaml")
 
 # The codes of spec/diagnosis-codes.md an Xid may lead to (a subset of all codes).
@@ -89,8 +91,8 @@ def _lines(node: yaml.Node) -> dict[int, tuple[int, dict[str, int]]]:
 
 def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidInfo]:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = yamlsafe.compose(text)
+        data = yamlsafe.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
