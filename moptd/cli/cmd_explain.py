@@ -217,6 +217,7 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
 
 def bundle_view(path: Path) -> dict[str, Any] | None:
     """The live engine over a bundle; "now" is the bundle's last time step."""
+    from moptd.cli.bundle_guard import check_bundle
     from moptd.diagnose.bundle import BundleError, read_bundle
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
@@ -225,6 +226,7 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         loaded = load_rules([default_rules_dir()])
         if loaded.errors:
             raise ValueError("; ".join(map(str, loaded.errors)))
+        check_bundle(path)  # its BundleRefused is a ValueError
         tl = read_bundle(path)
         report = replay_timeline(tl, loaded.ruleset)
     except (BundleError, ValueError) as exc:

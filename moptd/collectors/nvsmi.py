@@ -75,6 +75,8 @@ class NvsmiDump:
 
 # --- value parsers: text -> base units, None for N/A ------------------------------------
 
+# `nvidia-smi -q -x` of 8 GPUs with processes is about 200 KiB; bundles are untrusted
+MAX_DUMP_BYTES = 32 << 20
 _NUM = re.compile(r"[-+]?\d+(?:\.\d+)?")
 _NA = frozenset({"n/a", "[n/a]", "not supported", "[not supported]", "unknown", ""})
 
@@ -717,9 +719,12 @@ def parse_dump(text: str, path: Path | str = "<dump>") -> NvsmiDump:
 def read_dump(path: Path) -> NvsmiDump:
     """Read one ``nvidia-smi -q`` or ``-q -x`` file; raises NvsmiError when unreadable."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as fh:
+            data = fh.read(MAX_DUMP_BYTES + 1)
     except OSError as exc:
         raise NvsmiError(path, 0, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_DUMP_BYTES:
+        raise NvsmiError(path, 0, f"larger than {MAX_DUMP_BYTES} bytes; not an nvidia-smi dump")
     return parse_dump(data.decode("utf-8", errors="replace"), path)
 
 
