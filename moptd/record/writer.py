@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 FORMAT = "moptd-bundle/v1"
 TOOL_TIMEOUT = 30.0
 MAX_SCRAPE_BYTES = 8 << 20
+# A serving log can be days long; the last 64 MiB hold the incident and keep the bundle
+# under the size `moptd replay` accepts (moptd/cli/bundle_guard.py).
+MAX_LOG_BYTES = 64 << 20
+# A bundle holds the kernel log, command lines and listening sockets of the host: only the
+# user who recorded it may read it, whatever the umask.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
@@ -88,16 +95,20 @@ class Recorder:
 
     def _write(self, root: Path, rel: str, text: str | bytes) -> None:
         path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(text, bytes):
-            path.write_bytes(text)
-        else:
-            path.write_text(text, encoding="utf-8")
+        _mkdirs(root, path.parent)
+        with _open_private(path, append=False) as fh:
+            fh.write(text.encode("utf-8") if isinstance(text, str) else text)
         self.files.append(rel)
 
-    def _copy(self, root: Path, src: Path, rel: str, what: str) -> None:
+    def _copy(self, root: Path, src: Path, rel: str, what: str, tail: int | None = None) -> None:
         try:
-            data = src.read_bytes()
+            with src.open("rb") as fh:
+                if tail is not None and fh.seek(0, os.SEEK_END) > tail:
+                    fh.seek(-tail, os.SEEK_END)
+                    self.notes.append(f"{rel}: only the last {tail} bytes of {src}")
+                else:
+                    fh.seek(0)
+                data = fh.read()
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 self.notes.append(f"{rel}: cannot read {src}: {exc.strerror}")
@@ -125,6 +136,7 @@ class Recorder:
                 raise FileExistsError(f"{out} exists and is not empty")
             root = out
         root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, DIR_MODE)
         try:
             started = time.time()
             self.progress("host, driver and container files", 0.0)
@@ -136,7 +148,10 @@ class Recorder:
             self._meta(root, started)
             if tarball:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                with tarfile.open(out, "w:gz") as tar:
+                with (
+                    _open_private(out, append=False) as fh,
+                    tarfile.open(fileobj=fh, mode="w:gz") as tar,
+                ):
                     tar.add(root, arcname=root.name)
         finally:
             if tarball:
@@ -209,7 +224,9 @@ class Recorder:
                 break
         for s in self.opts.serving:
             if s.log_file is not None:
-                self._copy(root, s.log_file, f"serving/{s.name}/log.txt", "serving log")
+                self._copy(
+                    root, s.log_file, f"serving/{s.name}/log.txt", "serving log", MAX_LOG_BYTES
+                )
 
     def _gpu_source(self) -> str:
         if shutil.which("nvidia-smi") and _run(["nvidia-smi", "-L"]):
@@ -256,9 +273,9 @@ class Recorder:
                     row[key] = int(v) if key in ("clock_event_reasons", "pstate") else v
             rows.append(json.dumps(row))
         path = root / "gpu" / "samples.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write("\n".join(rows) + "\n")
+        _mkdirs(root, path.parent)
+        with _open_private(path, append=True) as fh:
+            fh.write(("\n".join(rows) + "\n").encode("utf-8"))
         if "gpu/samples.jsonl" not in self.files:
             self.files.append("gpu/samples.jsonl")
 
@@ -328,6 +345,31 @@ class Recorder:
             meta["boot_time"] = boot
         meta["notes"] = "\n".join(self.notes) if self.notes else "nothing was left out"
         self._write(root, "bundle.yaml", yaml.safe_dump(meta, sort_keys=False))
+
+
+def _mkdirs(root: Path, folder: Path) -> None:
+    """Create folder and the parents below root with DIR_MODE, whatever the umask."""
+    missing = []
+    while folder != root and not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+        os.chmod(d, DIR_MODE)
+
+
+def _open_private(path: Path, append: bool) -> BinaryIO:
+    """Open for writing with FILE_MODE, whatever the umask; never through a symlink that
+    someone placed where a bundle file goes."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def boot_time(procfs: Path) -> float | None:
