@@ -242,6 +242,10 @@ class ServingCollector(Collector):
             )
             if r.status != 200:
                 raise FetchError(f"{ep.url}{ep.metrics_path}: HTTP {r.status}")
+            if not r.body.strip():
+                # Every engine's page carries at least its process series: an empty 200 is a
+                # broken server or proxy, not a page that happens to say nothing.
+                raise FetchError(f"{ep.url}{ep.metrics_path}: empty body")
             # A valid page near the size cap takes a second to parse: off the event loop,
             # so the daemon's own /metrics and API answer meanwhile.
             view = await asyncio.to_thread(_engine_view, ep, r.body)

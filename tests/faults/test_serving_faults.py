@@ -17,6 +17,7 @@ shipped ones, copied unchanged.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -90,6 +91,8 @@ class FaultyEngine:
                 h.rfile.close()
                 h.wfile.close()
                 h.connection.close()
+                # http.server flushes and closes these after the handler: let it
+                h.rfile, h.wfile = io.BytesIO(), io.BytesIO()
                 h.close_connection = True
                 return
             if fault == "ok":
@@ -371,3 +374,56 @@ def test_garbage_metrics_fails_only_that_endpoint_and_memory_stays_bounded(run_d
     assert active(d, "SERVING_DOWN", "serving:bad") is None, "/health answered all along"
     good.close()
     bad.close()
+
+
+def failures(d: DaemonProcess, name: str) -> float:
+    return serving(assert_serving(d), name, "scrape_failures_total") or 0.0
+
+
+def test_silent_metrics_marks_the_endpoint_down_and_serving_down_fires(run_daemon):
+    engine = FaultyEngine()
+    d = run_daemon(endpoints=[{"name": "quiet", "url": engine.url, "probes": ["health", "models"]}])
+    wait_until(d, "endpoint up", lambda t: serving(t, "quiet", "up") == 1)
+
+    def failed_twice(what: str) -> str:
+        n = failures(d, "quiet")
+        text: str = wait_until(
+            d, what, lambda t: (serving(t, "quiet", "scrape_failures_total") or 0) >= n + 2 and t
+        )
+        return text
+
+    # An empty 200 on /metrics only: no page. /health answers, so no rule calls it down.
+    engine.faults["/metrics"] = "empty"
+    text = failed_twice("empty /metrics fails the scrape")
+    assert serving(text, "quiet", "up") == 0
+    assert serving(text, "quiet", "healthy") == 1
+    assert attrs(d, "serving:quiet")["scrape_error"].endswith("/metrics: empty body")
+    assert active(d, "SERVING_DOWN", "serving:quiet") is None
+
+    # Every path resets the connection: neither /health nor /metrics answers.
+    engine.faults.update(dict.fromkeys(("/metrics", "/health", "/v1/models"), "reset"))
+    down = wait_until(
+        d, "SERVING_DOWN on resets", lambda _: active(d, "SERVING_DOWN", "serving:quiet")
+    )
+    assert down["path"] == ["serving-down/not-answering"], down
+    a = attrs(d, "serving:quiet")
+    assert "Connection reset by peer" in a["scrape_error"], a
+    assert "Connection reset by peer" in a["probe_health_error"], a
+
+    # Nothing listens any more: refused, and still down.
+    port = engine.port
+    engine.close()
+    failed_twice("refused connections fail the scrape")
+    assert "Connect call failed" in attrs(d, "serving:quiet")["scrape_error"]
+    assert active(d, "SERVING_DOWN", "serving:quiet") is not None
+
+    # The server is back: the finding resolves after keep_firing_for, into the history.
+    engine = FaultyEngine(port)
+    wait_until(
+        d, "SERVING_DOWN resolves", lambda _: active(d, "SERVING_DOWN", "serving:quiet") is None
+    )
+    seen = history(d)
+    assert [(f["code"], f["state"]) for f in seen] == [("SERVING_DOWN", "resolved")], seen
+    d.stop()
+    assert_committed(d, seen)
+    engine.close()
