@@ -30,9 +30,9 @@ echo "gpu tests rc=$?" >>"$R/gpu_tests.log"
 log "NVML cost, side by side"
 python3 bench/nvml_cost.py --out "$R/nvml_cost.json" >"$R/nvml_cost.txt" 2>&1
 
-if [ -f bench/_nvml_old.py ]; then
+if [ -f .whl/_nvml_old.py ]; then
     log "older collector against the current one"
-    python3 bench/nvml_collector_compare.py --old bench/_nvml_old.py \
+    python3 bench/nvml_collector_compare.py --old .whl/_nvml_old.py \
         --label-old "thread per GPU" --label-new "shared thread" \
         >"$R/collector_compare.txt" 2>&1
 fi

@@ -3,8 +3,8 @@
 
 Extract the older collector from git first, then pass its file:
 
-    git show 81357b0:moptd/collectors/nvml.py | sed 's/^@register$//' > bench/_nvml_old.py
-    python bench/nvml_collector_compare.py --old bench/_nvml_old.py [--label-old per-GPU threads]
+    git show 81357b0:moptd/collectors/nvml.py | sed 's/^@register$//' > .whl/_nvml_old.py
+    python bench/nvml_collector_compare.py --old .whl/_nvml_old.py [--label-old per-GPU threads]
 
 (745dd46 is the waiting collector, 81357b0 the pipelined one with a thread per GPU.)
 CPU seconds per GPU per tick (process time, all threads), with ticks 5, 50 and 200 ms
@@ -35,12 +35,14 @@ def load(path: str) -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
 def cost(mod: ModuleType, fast_only: bool, spacing: float, ticks: int, rounds: int = 5) -> float:
-    opts: dict[str, object] = {"backend": "live", "xid_events": False}
+    # virtual clock, 1 s a tick: no deadline, or a slow multi-tier read would count as hung
+    opts: dict[str, object] = {"backend": "live", "xid_events": False, "gpu_deadline": 1e9}
     if fast_only:
         opts.update(slow_interval=1e12, costly_interval=1e12, static_interval=1e12)
     clock = VirtualClock(time.time())

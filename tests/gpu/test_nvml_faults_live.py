@@ -3,10 +3,11 @@
 - NotSupported: an H200 has no page retirement (Ampere and later remap rows instead), so
   NVML answers NotSupported for the retired-page fields. That is a value, not an error:
   the signal is absent (never 0) and gpu.nvml_error stays 0.
-- A GPU NVML refuses: the live backend is given one more device whose handle is NULL, so
-  every call for it goes into the real libnvidia-ml and comes back
-  NVML_ERROR_INVALID_ARGUMENT. That GPU reports the error as a signal; the real GPUs keep
-  their readings; the collector never raises.
+
+Lost, unknown and timed-out GPUs cannot be caused on a healthy card without changing its
+state (never done here); they run through the recorded backend in tests/faults/. A NULL
+device handle is no substitute: libnvidia-ml 580 dereferences it and the process dies
+(SIGSEGV in nvmlDeviceGetUtilizationRates, seen on the H200 host).
 """
 
 from __future__ import annotations
@@ -66,24 +67,3 @@ async def test_not_supported_fields_are_absent_not_zero(live, tmp_path: Path):
     assert _values(batch, "gpu.retired_pages", "gpu:0") == []
     assert _values(batch, "gpu.nvml_error", "gpu:0") == [0.0]
     assert _values(batch, "gpu.util", "gpu:0")
-
-
-async def test_a_gpu_nvml_refuses_is_an_error_signal_and_the_others_go_on(live, tmp_path: Path):
-    import pynvml
-
-    from moptd.collectors.nvml_backend import NvmlBackend
-
-    class OneMoreGpu(NvmlBackend):
-        def init(self) -> None:
-            super().init()
-            self.refused = len(self._handles)
-            self._handles[self.refused] = pynvml.c_nvmlDevice_t()  # NULL: NVML refuses it
-
-    backend = OneMoreGpu()
-    batch = await _run(tmp_path, backend)
-    bad = f"gpu:{backend.refused}"
-    assert _values(batch, "gpu.nvml_error", bad) == [float(pynvml.NVML_ERROR_INVALID_ARGUMENT)]
-    assert _values(batch, "gpu.util", bad) == []
-    for i in range(backend.refused):
-        assert _values(batch, "gpu.nvml_error", f"gpu:{i}") == [0.0]
-        assert _values(batch, "gpu.util", f"gpu:{i}")
