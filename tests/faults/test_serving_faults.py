@@ -21,6 +21,7 @@ import io
 import json
 import os
 import random
+import signal
 import socket
 import sqlite3
 import struct
@@ -38,7 +39,7 @@ import yaml
 from moptd.diagnose.loader import default_rules_dir
 from tests.conftest import FIXTURES
 from tests.daemon_proc import DaemonProcess, free_port
-from tests.faults.conftest import api_get, assert_serving, metric_value
+from tests.faults.conftest import api_get, assert_serving, metric_value, start_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +149,7 @@ class FaultyEngine:
 ENGINE_PROGRAM = '''\
 """A stand-in for a vLLM API server: /health, /v1/models and a captured /metrics page."""
 import http.server
+import signal
 import sys
 
 port, page, mode = int(sys.argv[1]), open(sys.argv[2], "rb").read(), sys.argv[3]
@@ -174,6 +176,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+# vLLM shuts down gracefully on SIGTERM; a handler (not the default action) is what leaves
+# a stopped server unable to act on it
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 # the two lines vLLM prints once it listens (moptd's start-up detection reads them)
 print(f"(APIServer pid=1) INFO 11-29 16:30:28 [entry.py:140] Starting vLLM server on "
       f"http://127.0.0.1:{port}", flush=True)
@@ -249,9 +254,8 @@ def run_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     started: list[DaemonProcess] = []
 
     def start(**serving: Any) -> DaemonProcess:
-        d = DaemonProcess(tmp_path, daemon_config(tmp_path, **serving)).start()
+        d = start_daemon(tmp_path / "daemon", daemon_config(tmp_path, **serving))
         started.append(d)
-        d.wait_metrics(20)
         return d
 
     yield start
@@ -427,3 +431,162 @@ def test_silent_metrics_marks_the_endpoint_down_and_serving_down_fires(run_daemo
     d.stop()
     assert_committed(d, seen)
     engine.close()
+
+
+def test_trickling_metrics_is_cut_by_the_scrape_timeout(run_daemon):
+    good, slow = FaultyEngine(), FaultyEngine()
+    d = run_daemon(
+        endpoints=[{"name": "good", "url": good.url}, {"name": "slow", "url": slow.url}],
+        scrape_timeout=1.5,
+    )
+    wait_until(
+        d, "both up", lambda t: serving(t, "good", "up") == 1 and serving(t, "slow", "up") == 1
+    )
+    # one byte every 0.5 s: the whole page would take almost seven hours
+    slow.faults["/metrics"] = "trickle"
+    n = failures(d, "slow")
+    text = wait_until(
+        d,
+        "the trickling scrape fails twice",
+        lambda t: (serving(t, "slow", "scrape_failures_total") or 0) >= n + 2 and t,
+    )
+    assert serving(text, "slow", "up") == 0
+    assert "no complete answer within 1.5s" in attrs(d, "serving:slow")["scrape_error"]
+    took = serving(text, "slow", "scrape_duration_seconds")
+    assert took is not None
+    assert 1.4 <= took < 4.0, f"cut after {took}s, not at the 1.5 s deadline"
+    assert serving(text, "slow", "healthy") == 1
+    assert serving(text, "good", "up") == 1
+    assert collector_ok(text, "serving"), "one slow endpoint is not the collector's failure"
+    assert collector_ok(text, "host")
+    pass_took = metric_value(text, "moptd_collector_duration_seconds", collector="serving")
+    assert pass_took is not None
+    assert pass_took < 10.0, "within the collector's own timeout"
+    slow.faults.clear()
+    wait_until(d, "the endpoint recovers", lambda t: serving(t, "slow", "up") == 1)
+    good.close()
+    slow.close()
+
+
+# --- process faults ---
+
+
+def supervisor(d: DaemonProcess) -> dict[str, Any]:
+    return dict(api_get(d, "/v1/serving?lines=200")["managed"])
+
+
+def ready(t: str) -> bool:
+    return all(
+        serving(t, "tiny", name) == want
+        for name, want in (("process_up", 1), ("starting", 0), ("up", 1), ("healthy", 1))
+    )
+
+
+def process_exits(d: DaemonProcess, finding_id: int) -> list[dict[str, Any]]:
+    detail = api_get(d, f"/v1/findings/{finding_id}")
+    return [e for e in detail["events"] if e["stream"] == "serving.process_exit"]
+
+
+def test_crash_loop_stops_the_restarts_and_fires_serving_down(run_daemon, tmp_path):
+    spec = managed(
+        tmp_path,
+        "crash",
+        backoff_initial=0.3,
+        backoff_max=1,
+        crash_loop_count=3,
+        crash_loop_window="1m",
+    )
+    d = run_daemon(managed=spec)
+    down = wait_until(
+        d,
+        "SERVING_DOWN, crash-loop branch",
+        lambda _: (f := active(d, "SERVING_DOWN", "serving:tiny"))
+        and f["path"] == ["serving-down/crash-loop"]
+        and f,
+    )
+    assert "(2 restarts)" in down["summary"], down
+    sup = supervisor(d)
+    assert sup["state"] == "crash_loop", sup
+    assert (sup["last_exit"]["exit_code"], sup["last_exit"]["expected"]) == (1, False), sup
+    exits = process_exits(d, down["id"])
+    assert [e["fields"]["exit_code"] for e in exits] == [1, 1, 1], exits
+    # well past the longest back-off: the supervisor has given up, no fourth start
+    time.sleep(3)
+    text = assert_serving(d)
+    assert serving(text, "tiny", "crash_loop") == 1
+    assert serving(text, "tiny", "restarts_total") == 2
+    assert serving(text, "tiny", "process_up") == 0
+    sup = supervisor(d)
+    assert (sup["state"], sup["restarts"], sup["pid"]) == ("crash_loop", 2, None), sup
+    assert len(process_exits(d, down["id"])) == 3
+    assert active(d, "SERVING_DOWN", "serving:tiny") is not None
+    seen = history(d)
+    d.stop()
+    assert_committed(d, seen)
+
+
+def test_hung_server_fires_serving_down_and_recovers_on_sigcont(run_daemon, tmp_path):
+    d = run_daemon(managed=managed(tmp_path, "serve"))
+    wait_until(d, "the managed server is ready", ready)
+    pid = supervisor(d)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        down = wait_until(
+            d, "SERVING_DOWN on a hung server", lambda _: active(d, "SERVING_DOWN", "serving:tiny")
+        )
+        assert down["path"] == ["serving-down/not-answering"], down
+        a = attrs(d, "serving:tiny")
+        assert "no complete answer within 1s" in a["scrape_error"], a
+        assert "no complete answer within 1s" in a["probe_health_error"], a
+        text = assert_serving(d)
+        assert serving(text, "tiny", "process_up") == 1, "stopped is not gone"
+        assert collector_ok(text, "serving")
+        assert collector_ok(text, "host")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(d, "probes answer again", ready)
+    wait_until(
+        d, "SERVING_DOWN resolves", lambda _: active(d, "SERVING_DOWN", "serving:tiny") is None
+    )
+    assert supervisor(d)["pid"] == pid, "a hang is not a restart"
+    seen = history(d)
+    assert [(f["code"], f["state"]) for f in seen] == [("SERVING_DOWN", "resolved")], seen
+    # moptd stops while its server is stopped again: the whole group still goes
+    os.kill(pid, signal.SIGSTOP)
+    d.stop()
+    assert "ignored SIGTERM for 2s; SIGKILL" in d.log()
+    assert group_gone(pid), f"process group {pid} outlived moptd"
+    assert_committed(d, seen)
+
+
+def test_killed_server_is_restarted_with_backoff(run_daemon, tmp_path):
+    d = run_daemon(managed=managed(tmp_path, "serve", backoff_initial=3))
+    text = wait_until(d, "the managed server is ready", lambda t: ready(t) and t)
+    assert serving(text, "tiny", "restarts_total") == 0
+    pid = supervisor(d)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    down = wait_until(
+        d, "SERVING_DOWN while it is gone", lambda _: active(d, "SERVING_DOWN", "serving:tiny")
+    )
+    assert down["path"] == ["serving-down/process-gone"], down
+    text = wait_until(
+        d,
+        "restarted and ready",
+        lambda t: ready(t) and serving(t, "tiny", "restarts_total") == 1 and t,
+    )
+    sup = supervisor(d)
+    assert sup["pid"] not in (None, pid)
+    exit_ = sup["last_exit"]
+    assert (exit_["signal"], exit_["expected"]) == (signal.SIGKILL, False), exit_
+    assert sup["started_at"] - exit_["t"] >= 2.9, "restarted before backoff_initial"
+    [event] = process_exits(d, down["id"])
+    assert event["fields"] == {"exit_code": -1, "signal": signal.SIGKILL, "expected": False}
+    wait_until(
+        d, "SERVING_DOWN resolves", lambda _: active(d, "SERVING_DOWN", "serving:tiny") is None
+    )
+    seen = history(d)
+    assert [(f["code"], f["state"]) for f in seen] == [("SERVING_DOWN", "resolved")], seen
+    d.stop()
+    assert group_gone(pid), "the killed server's group outlived moptd"
+    assert group_gone(sup["pid"]), "the restarted server outlived moptd"
+    assert_committed(d, seen)
