@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.daemon.views import rules_view, snapshot_view, status_view
@@ -39,6 +40,14 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_LIMIT = 10000
 SSE_HEARTBEAT = 15.0
+# aiohttp keeps a connection that has not sent a complete request for an hour, and caps
+# neither connections nor body reads: a thousand slow or silent clients took the daemon's
+# file descriptors (soft limit 1024 under systemd), and with them /metrics, the API and the
+# collectors' own file reads. So: a connection without a complete request (a new one, or
+# an idle kept-alive one) is closed after IDLE_TIMEOUT; a request body must arrive within
+# it; and one listener holds at most MAX_CONNECTIONS (see ConnectionCap).
+IDLE_TIMEOUT = 10.0
+MAX_CONNECTIONS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +388,7 @@ async def rules(request: web.Request) -> web.Response:
 async def reload_rules(request: web.Request) -> web.Response:
     authorise_mutation(request)
     d = _diagnosis(request)
-    body = await request.read()
+    body = await _read_body(request)
     if body.strip() not in (b"", b"{}"):
         raise ApiError(400, "reload takes no request body")
     errors = await d.reload()
@@ -413,7 +422,7 @@ async def serving(request: web.Request) -> web.Response:
 async def serving_restart(request: web.Request) -> web.Response:
     authorise_mutation(request)
     sup = _supervisor(request, request.match_info["name"])
-    if (await request.read()).strip() not in (b"", b"{}"):
+    if (await _read_body(request)).strip() not in (b"", b"{}"):
         raise ApiError(400, "restart takes no request body")
     await sup.restart()
     return web.json_response({"restarted": sup.spec.name, "managed": sup.status()}, dumps=_dumps)
@@ -452,6 +461,169 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The request body, within IDLE_TIMEOUT: a client trickling it must not hold a
+    handler forever, and one that hangs up halfway is its own business, not a daemon
+    error with a traceback."""
+    try:
+        async with asyncio.timeout(IDLE_TIMEOUT):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within {IDLE_TIMEOUT:g} s") from None
+    except ConnectionResetError:
+        raise ApiError(400, "the client hung up before sending the whole body") from None
+
+
+# --- connection limits ---
+
+_REFUSAL_BODY = b'{"error": "too many connections to moptd", "status": 503}\n'
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+)
+
+
+class _Refuse(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_REFUSAL)
+        transport.close()
+
+
+class ConnectionCap:
+    """The protocol factory of one aiohttp server's listeners, holding it to `limit`
+    connections. A connection past the cap closes the oldest one that is not inside a
+    request handler (idle, slowly sending its request, or not reading its response), so
+    slow clients cannot starve a well-behaved one; only when every connection is inside a
+    handler (event streams) is the new one answered 503. `track` is the middleware that
+    tells the cap which connections are inside a handler."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS) -> None:
+        self.limit = limit
+        self.server: web.Server | None = None  # set once the runner is set up
+        self.evicted = 0
+        self.refused = 0
+        self._busy: dict[object, int] = {}
+        self._closing: set[object] = set()
+        # Made here but not yet among the server's connections: asyncio accepts a burst of
+        # connections before any of them is connected, so these count too (for a second at
+        # most: one that is gone by then was lost before it was ever seen connected).
+        self._accepting: dict[object, float] = {}
+        self._warned = float("-inf")
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        assert self.server is not None, "ConnectionCap.server is set after runner.setup()"
+        conns = self.server.connections
+        live = set(conns)
+        now = time.monotonic()
+        self._closing &= live
+        self._accepting = {
+            h: t for h, t in self._accepting.items() if h not in live and now - t < 1.0
+        }
+        held = len(conns) - len(self._closing) + len(self._accepting)
+        if held >= self.limit:
+            if now - self._warned >= 60.0:
+                self._warned = now
+                log.warning(
+                    "%d connections to one listener (the cap): closing the oldest idle ones "
+                    "(%d so far), refusing new ones when none is idle (%d so far)",
+                    held, self.evicted, self.refused,
+                )
+            idle = (h for h in conns if h not in self._busy and h not in self._closing)
+            victim = next(idle, None)
+            if victim is None:
+                self.refused += 1
+                return _Refuse()
+            self._closing.add(victim)
+            self.evicted += 1
+            victim.force_close()
+        handler = self.server()
+        self._accepting[handler] = now
+        return handler
+
+    @web.middleware
+    async def track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        proto = request.protocol
+        self._busy[proto] = self._busy.get(proto, 0) + 1
+        try:
+            return await handler(request)
+        finally:
+            if self._busy[proto] <= 1:
+                del self._busy[proto]
+            else:
+                self._busy[proto] -= 1
+
+
+class CappedSite(web.BaseSite):
+    """A listener (TCP or Unix socket) whose connections go through the runner's
+    ConnectionCap instead of straight to its server."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        cap: ConnectionCap,
+        *,
+        path: str | None = None,
+        host: str | None = None,
+        port: int | None = None,
+    ) -> None:
+        super().__init__(runner)
+        self._cap, self._path, self._host, self._port = cap, path, host, port
+
+    @property
+    def name(self) -> str:
+        return f"unix:{self._path}:" if self._path else f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        self._cap.server = self._runner.server
+        loop = asyncio.get_running_loop()
+        if self._path is not None:
+            self._server = await loop.create_unix_server(
+                self._cap, self._path, backlog=self._backlog
+            )
+        else:
+            assert self._port is not None, "a TCP site needs a port"
+            self._server = await loop.create_server(
+                self._cap, self._host, self._port, backlog=self._backlog, reuse_address=True
+            )
+
+
+CAP = web.AppKey("connection_cap", ConnectionCap)
+
+
+class _ClientProtocolErrors(logging.Filter):
+    """aiohttp logs a traceback at ERROR for every malformed request (oversized line or
+    headers, bad chunking, garbage bytes), so any client could fill the journal. The client
+    got its 400 and the daemon is fine: one line at debug level is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            log.debug("malformed HTTP request refused: %s", str(exc).splitlines()[0])
+            return False
+        return True
+
+
+HTTP_LOG = logging.getLogger("moptd.daemon.http")
+HTTP_LOG.addFilter(_ClientProtocolErrors())
+
+
+def capped_app(**kwargs: Any) -> web.Application:
+    """A web.Application whose ConnectionCap (app[CAP]) tracks its handlers."""
+    cap = ConnectionCap()
+    middlewares = [*kwargs.pop("middlewares", ()), cap.track]
+    app = web.Application(middlewares=middlewares, **kwargs)
+    app[CAP] = cap
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    return web.AppRunner(
+        app, access_log=None, keepalive_timeout=IDLE_TIMEOUT, logger=HTTP_LOG
+    )
+
+
 def make_api_app(
     store: SignalStore,
     runtime: CollectorRuntime,
@@ -459,7 +631,7 @@ def make_api_app(
     diagnosis: Diagnosis | None = None,
     auth: ApiAuth | None = None,
 ) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors])
+    app = capped_app(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors])
     app[STORE] = store
     app[RUNTIME] = runtime
     app[STARTED] = started

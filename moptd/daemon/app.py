@@ -18,7 +18,15 @@ from moptd.clock import SystemClock
 from moptd.collectors.base import Collector, CollectorContext, load_all
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
-from moptd.daemon.api import ApiAuth, load_token, make_api_app
+from moptd.daemon.api import (
+    CAP,
+    ApiAuth,
+    CappedSite,
+    capped_app,
+    load_token,
+    make_api_app,
+    make_runner,
+)
 from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.model import Transition
@@ -166,27 +174,25 @@ class Daemon:
     async def _serve(self) -> None:
         cfg = self.config
         if cfg.exporter_listen:
-            app = web.Application()
+            app = capped_app()
             app.router.add_get("/metrics", MetricsEndpoint(self.store).handle)
             app.router.add_get("/", _landing)
-            runner = web.AppRunner(app, access_log=None)
+            runner = make_runner(app)
             await runner.setup()
             self._runners.append(runner)
             host, port = split_listen(cfg.exporter_listen)
-            await web.TCPSite(runner, host, port).start()
+            await CappedSite(runner, app[CAP], host=host, port=port).start()
             log.info("exporter listening on http://%s/metrics", cfg.exporter_listen)
         auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
-        api = web.AppRunner(
-            make_api_app(self.store, self.runtime, self.started, self.diagnosis, auth),
-            access_log=None,
-        )
+        api_app = make_api_app(self.store, self.runtime, self.started, self.diagnosis, auth)
+        api = make_runner(api_app)
         await api.setup()
         self._runners.append(api)
         sock = cfg.api_socket
         ensure_dir(sock.parent, 0o755 if sock.parent != cfg.state_dir else 0o750)
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
-        await web.UnixSite(api, str(sock)).start()
+        await CappedSite(api, api_app[CAP], path=str(sock)).start()
         os.chmod(sock, cfg.api_socket_mode)
         if cfg.api_group:
             try:
@@ -196,7 +202,7 @@ class Daemon:
         log.info("API listening on %s", sock)
         if cfg.api_listen:
             host, port = split_listen(cfg.api_listen)
-            await web.TCPSite(api, host, port).start()
+            await CappedSite(api, api_app[CAP], host=host, port=port).start()
             log.info("API listening on http://%s/v1/", cfg.api_listen)
 
     async def _shutdown(self) -> None:
