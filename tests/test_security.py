@@ -334,11 +334,6 @@ def test_oversized_config_is_refused(tmp_path):
     assert "larger than" in out.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="moptd/diagnose/loader.py parse_yaml still calls yaml.load directly; the fix is "
-    "yamlsafe.load(text, _Loader) there (see docs/security.md). Remove this mark then.",
-)
 def test_rules_alias_bomb_is_refused_with_file_and_line_quickly(tmp_path):
     rules = tmp_path / "bomb.rules.yaml"
     rules.write_text("schema: moptd.rules/v1\n" + _alias_bomb() + "rules: *a8\n")

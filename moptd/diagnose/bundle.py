@@ -71,8 +71,13 @@ def open_bundle(path: Path) -> tuple[Path, tempfile.TemporaryDirectory[str] | No
         return path, None
     if path.is_file() and tarfile.is_tarfile(path):
         tmp = tempfile.TemporaryDirectory(prefix="moptd-bundle-")
-        with tarfile.open(path) as tar:
-            tar.extractall(tmp.name, filter="data")
+        try:
+            with tarfile.open(path) as tar:
+                tar.extractall(tmp.name, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            # the CLI's bundle guard refuses hostile archives first; this is the backstop
+            tmp.cleanup()
+            raise BundleError(str(path), 0, f"cannot unpack: {exc}") from None
         root = Path(tmp.name)
         found = sorted(root.rglob("bundle.yaml"))
         return (found[0].parent if found else root), tmp

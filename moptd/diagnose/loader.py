@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from moptd import yamlsafe
 from moptd.catalog import CATALOG, SignalSpec
 from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.diagnose.expr import Compiler, Expr, ExprError
@@ -96,7 +97,8 @@ def line_of(doc: object, path: Iterable[object]) -> int:
 
 def parse_yaml(text: str, file: str) -> tuple[object, list[RuleError]]:
     try:
-        return yaml.load(text, Loader=_Loader), []  # noqa: S506 - _Loader is a SafeLoader
+        # bounded: a rules.d file is root's, but an alias bomb must not hang a reload
+        return yamlsafe.load(text, _Loader), []
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark is not None else 1
