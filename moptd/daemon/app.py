@@ -106,7 +106,8 @@ class Daemon:
             before_tick=self._set_missing,
             listeners=self.transition_listeners,
         )
-        self._reload: asyncio.Task[list[str]] | None = None
+        self._reload: asyncio.Task[None] | None = None
+        self._reload_wanted = False
         self.started = time.time()
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
@@ -115,8 +116,20 @@ class Daemon:
         self.rules.missing = missing_namespaces(self.runtime)
 
     def _sighup(self) -> None:
-        # read off the loop, applied on it; findings of removed rules are recorded resolved
-        self._reload = asyncio.ensure_future(self.diagnosis.reload())
+        # Read off the loop, applied on it; findings of removed rules are recorded resolved.
+        # A storm of signals coalesces: while a reload runs, further signals ask for one
+        # more, which reads the files as they are after the last signal.
+        self._reload_wanted = True
+        if self._reload is None or self._reload.done():
+            self._reload = asyncio.ensure_future(self._reload_rules())
+
+    async def _reload_rules(self) -> None:
+        while self._reload_wanted:
+            self._reload_wanted = False
+            try:
+                await self.diagnosis.reload()
+            except Exception:
+                log.exception("rule reload failed; the rules in force stay")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

@@ -66,6 +66,7 @@ class Diagnosis:
         self.before_tick = before_tick
         self.listeners = listeners if listeners is not None else []
         self._wake = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.ticks = 0
@@ -201,11 +202,19 @@ class Diagnosis:
         """Reload the rule files: read and compiled off the loop, put in force on it (so a
         tick never sees half a rule set). Findings of rules that went away resolve, and
         those transitions are recorded like any other."""
+        # One at a time: reloads run off the loop, and two at once could finish out of
+        # order, putting an older version of the files in force after a newer one.
+        async with self._reload_lock:
+            return await self._reload()
+
+    async def _reload(self) -> list[str]:
         rules = self.rules
         loaded = await asyncio.to_thread(load_rules, list(rules.rule_paths))
         if loaded.errors:
             for e in loaded.errors:
                 log.error("rules not reloaded: %s", e)
+            # shown by /v1/rules until a reload succeeds; the rules in force stay
+            rules.errors = list(loaded.errors)
             return [str(e) for e in loaded.errors]
         rules.ruleset = loaded.ruleset
         rules.errors = []
