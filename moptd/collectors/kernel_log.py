@@ -64,6 +64,7 @@ class KernelLogCollector(Collector):
         self._xid_counts: dict[tuple[str, int], int] = {}
         self._xid_last: dict[str, float] = {}
         self._map_at = -1e18
+        self._save_failing = False
 
     async def start(self) -> None:
         source = str(self.option("source"))
@@ -119,7 +120,18 @@ class KernelLogCollector(Collector):
         if self._unavailable or self.follower is None:
             raise Unavailable(self._unavailable or "not started")
         await self._refresh_gpus()
-        await self.blocking(self.follower.save)
+        try:
+            await self.blocking(self.follower.save)
+        except OSError as exc:
+            # A full or read-only state directory costs the resume position after a restart,
+            # not the kernel log: reading and counting go on, and the save is retried.
+            if not self._save_failing:
+                log.warning("cannot save the kernel-log position (retrying each pass): %s", exc)
+            self._save_failing = True
+        else:
+            if self._save_failing:
+                log.info("kernel-log position saved again")
+            self._save_failing = False
         b = Batch()
         b.add("kernel.records_read", NODE, float(self.follower.records_read))
         b.add("kernel.records_lost", NODE, float(self.follower.records_lost))

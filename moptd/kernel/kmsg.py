@@ -223,5 +223,5 @@ class KmsgFollower:
         """Persist the position if it moved (blocking: call it off the loop)."""
         if not self._dirty:
             return
-        self._dirty = False
         save_position(self.state_file, Position(self.boot_id, self.last_seq))
+        self._dirty = False  # only once saved: a failed save (a full disk) is tried again
