@@ -296,14 +296,15 @@ def active(d: DaemonProcess, code: str, subject: str) -> dict[str, Any] | None:
     return next((f for f in found if f["subject"] == subject), None)
 
 
-def history(d: DaemonProcess) -> list[dict[str, Any]]:
-    return list(api_get(d, "/v1/findings")["history"])
+def committed(d: DaemonProcess) -> list[dict[str, Any]]:
+    """The findings history as the API shows it, each with its transitions and events."""
+    return [api_get(d, f"/v1/findings/{f['id']}") for f in api_get(d, "/v1/findings")["history"]]
 
 
 def assert_committed(d: DaemonProcess, seen: list[dict[str, Any]]) -> None:
-    """Every finding the API listed is in findings.db, read after the daemon stopped, in the
-    state it had or a later one, with at least the transitions it had."""
-    assert seen, "the API listed no finding"
+    """Every finding the API showed is in findings.db, read after the daemon stopped: the
+    same finding, resolved if it was, with at least its transitions and events."""
+    assert seen, "the API showed no finding"
     db = sqlite3.connect(f"file:{d.state_dir / 'findings.db'}?mode=ro", uri=True)
     try:
         for f in seen:
@@ -314,6 +315,16 @@ def assert_committed(d: DaemonProcess, seen: list[dict[str, Any]]) -> None:
             assert row[:3] == (f["rule"], f["subject"], f["code"])
             if f["state"] == "resolved":
                 assert row[3] == "resolved"
+            (transitions,) = db.execute(
+                "SELECT COUNT(*) FROM transitions WHERE finding_id = ?", (f["id"],)
+            ).fetchone()
+            assert transitions >= len(f["transitions"]) > 0, f
+            for e in f["events"]:
+                hit = db.execute(
+                    "SELECT 1 FROM events WHERE stream = ? AND subject = ? AND t = ?",
+                    (e["stream"], e["subject"], e["t"]),
+                ).fetchone()
+                assert hit is not None, f"event lost: {e}"
     finally:
         db.close()
 
@@ -426,7 +437,7 @@ def test_silent_metrics_marks_the_endpoint_down_and_serving_down_fires(run_daemo
     wait_until(
         d, "SERVING_DOWN resolves", lambda _: active(d, "SERVING_DOWN", "serving:quiet") is None
     )
-    seen = history(d)
+    seen = committed(d)
     assert [(f["code"], f["state"]) for f in seen] == [("SERVING_DOWN", "resolved")], seen
     d.stop()
     assert_committed(d, seen)
@@ -520,7 +531,7 @@ def test_crash_loop_stops_the_restarts_and_fires_serving_down(run_daemon, tmp_pa
     assert (sup["state"], sup["restarts"], sup["pid"]) == ("crash_loop", 2, None), sup
     assert len(process_exits(d, down["id"])) == 3
     assert active(d, "SERVING_DOWN", "serving:tiny") is not None
-    seen = history(d)
+    seen = committed(d)
     d.stop()
     assert_committed(d, seen)
 
@@ -549,7 +560,7 @@ def test_hung_server_fires_serving_down_and_recovers_on_sigcont(run_daemon, tmp_
         d, "SERVING_DOWN resolves", lambda _: active(d, "SERVING_DOWN", "serving:tiny") is None
     )
     assert supervisor(d)["pid"] == pid, "a hang is not a restart"
-    seen = history(d)
+    seen = committed(d)
     assert [(f["code"], f["state"]) for f in seen] == [("SERVING_DOWN", "resolved")], seen
     # moptd stops while its server is stopped again: the whole group still goes
     os.kill(pid, signal.SIGSTOP)
@@ -584,7 +595,7 @@ def test_killed_server_is_restarted_with_backoff(run_daemon, tmp_path):
     wait_until(
         d, "SERVING_DOWN resolves", lambda _: active(d, "SERVING_DOWN", "serving:tiny") is None
     )
-    seen = history(d)
+    seen = committed(d)
     assert [(f["code"], f["state"]) for f in seen] == [("SERVING_DOWN", "resolved")], seen
     d.stop()
     assert group_gone(pid), "the killed server's group outlived moptd"
