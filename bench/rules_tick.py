@@ -8,6 +8,7 @@ also computes its evidence and renders its summary. Then it times RuleService.ti
 lifecycle) at 1-second steps. Target: at most 2 ms per tick.
 
     python bench/rules_tick.py [--ticks 300]
+    python bench/rules_tick.py --flood 10000 [--plain-count]   # after a kernel-log flood
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
+from moptd.diagnose import expr
 from moptd.diagnose.loader import default_rules_dir
 from moptd.diagnose.service import RuleService
 from moptd.observations import Batch, Event, labels_of
@@ -81,6 +83,12 @@ def main() -> None:
         "--history", type=int, default=3600, help="seconds of history (longest rule window)"
     )
     ap.add_argument("--rules", action="append", default=[], help="rule paths (default: shipped)")
+    ap.add_argument(
+        "--flood", type=int, default=0, help="Xid events in the last 10 minutes (a flooded log)"
+    )
+    ap.add_argument(
+        "--plain-count", action="store_true", help="walk the event log for count() (old way)"
+    )
     args = ap.parse_args()
     random.seed(1)
     clock = VirtualClock(1_000_000.0)
@@ -93,6 +101,13 @@ def main() -> None:
         t += 1
         clock.set(t)
     store.add_events([Event("kernel.xid", "gpu:3", t - 100, {"code": 13, "caused_by": None})])
+    if args.flood:
+        expr.INCREMENTAL_COUNT = not args.plain_count
+        store.add_events(
+            Event("kernel.xid", f"gpu:{i % GPUS}", t - 600 + 600 * i / args.flood,
+                  {"code": 13, "caused_by": None})
+            for i in range(args.flood)
+        )
     times = []
     for _ in range(args.ticks):
         store.ingest("bench", batch_at(t), t)

@@ -37,6 +37,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from moptd.cli.client import DaemonUnreachable  # noqa: E402
 from tests.api_helpers import get as api_get  # noqa: E402
 from tests.daemon_proc import DaemonProcess, free_port  # noqa: E402
 
@@ -144,7 +145,7 @@ def _drive(args: argparse.Namespace, d: DaemonProcess, pid: int, kmsg: bool) -> 
                 else:
                     for f in [*body["active"], *body["history"]]:
                         codes_seen.add(f["code"])
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, DaemonUnreachable) as exc:
                 errors.append(f"{now - t0:.0f}s api: {exc}")
             next_api += 5
         if kmsg and now >= next_incident:

@@ -61,14 +61,14 @@ def gpu_subjects(store: SignalStore) -> list[tuple[str, str | None]]:
             by_pci[norm] = s
     seen = {s for s, _ in out}
     for log_name in store.streams():
-        for ev in store.events(log_name):
-            if subject_kind(ev.subject) != "gpu" or ev.subject in seen:
+        for subject in store.events(log_name).subjects():
+            if subject_kind(subject) != "gpu" or subject in seen:
                 continue
-            seen.add(ev.subject)
-            norm = normalize_pci(subject_id(ev.subject))
+            seen.add(subject)
+            norm = normalize_pci(subject_id(subject))
             if norm is not None and norm in by_pci:
                 continue
-            out.append((ev.subject, norm))
+            out.append((subject, norm))
     result: dict[str, str | None] = {}
     for s, pci in out:
         if pci is not None and not subject_id(s).isdigit() and pci in by_pci:
@@ -92,7 +92,7 @@ def subjects_for(scope: str, store: SignalStore) -> list[tuple[str, str | None]]
     for stream in store.streams():
         if stream.split(".", 1)[0] == scope:
             subjects.update(
-                ev.subject for ev in store.events(stream) if subject_kind(ev.subject) == scope
+                s for s in store.events(stream).subjects() if subject_kind(s) == scope
             )
     return [(s, None) for s in sorted(subjects)]
 

@@ -14,13 +14,14 @@ import ast
 import math
 import operator
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from moptd.catalog import SignalSpec
 from moptd.durations import parse_duration
 from moptd.observations import Event, subject_kind
-from moptd.store import Series, SignalStore
+from moptd.store import EventLog, Series, SignalStore
 
 Value = float | str | bool | None
 Compiled = Callable[["Env"], object]
@@ -455,25 +456,30 @@ class Compiler:
         label = st.label(node)
         stream, namespace = spec.name, spec.name.split(".", 1)[0]
         per_subject = spec.subject == self.scope and self.scope != "node"
+        sliding = _SlidingCount(window, where, per_subject)
+
+        def plain(env: Env) -> float:
+            n = 0
+            for ev in env.store.events(stream).since(env.now - window):
+                if ev.t > env.now:
+                    break
+                if per_subject and not _same_subject(ev, env):
+                    continue
+                if where is not None:
+                    env.fields = ev.fields
+                    ok = _truth(where(env))
+                    env.fields = None
+                    if not ok:
+                        continue
+                n += 1
+            return float(n)
 
         def run(env: Env) -> object:
             if namespace in env.missing:
                 result: object = None
             else:
-                n = 0
-                for ev in env.store.events(stream).since(env.now - window):
-                    if ev.t > env.now:
-                        break
-                    if per_subject and not _same_subject(ev, env):
-                        continue
-                    if where is not None:
-                        env.fields = ev.fields
-                        ok = _truth(where(env))
-                        env.fields = None
-                        if not ok:
-                            continue
-                    n += 1
-                result = float(n)
+                got = sliding.count(env, env.store.events(stream)) if INCREMENTAL_COUNT else None
+                result = plain(env) if got is None else got
             if env.trace is not None:
                 env.trace.append((label, result))
             return result
@@ -604,6 +610,94 @@ def _same_subject(ev: Event, env: Env) -> bool:
     if isinstance(pci, str) and normalize_pci(pci) == env.pci_bus_id:
         return True
     return subject_kind(ev.subject) == "gpu" and normalize_pci(ev.subject[4:]) == env.pci_bus_id
+
+
+# Tests compare the incremental count with the plain walk by turning this off.
+INCREMENTAL_COUNT = True
+
+
+class _SlidingCount:
+    """count(STREAM, WINDOW[, WHERE]) kept up to date event by event.
+
+    A plain count walks every event of the window for every subject every tick, and
+    evaluates WHERE on each: after a kernel-log flood (10,000 Xid lines) that is millions
+    of evaluations a second. Here each event is tested once, when it arrives, and filed
+    under the keys a subject can match it by (its subject, its PCI address); a tick then
+    only drops what left the window. A query earlier than the last one (explain at a past
+    time) returns None and the caller walks the log plainly."""
+
+    def __init__(self, window: float, where: Compiled | None, per_subject: bool) -> None:
+        self.window = window
+        self.where = where
+        self.per_subject = per_subject
+        self.log: object = None
+        self.seq = 0  # last event filed
+        self.now = -math.inf
+        self.seen = 0  # log.appended when last looked at
+        self.next_t = math.inf  # time of the first event not yet filed (from the future)
+        self.matches: dict[str, deque[tuple[float, int]]] = {}  # key -> (t, seq)
+
+    def count(self, env: Env, log: EventLog) -> float | None:
+        now = env.now
+        if log is not self.log:
+            self.log, self.seq, self.now, self.matches = log, 0, -math.inf, {}
+            self.seen, self.next_t = 0, math.inf
+        elif now < self.now:
+            return None
+        if now != self.now or log.appended != self.seen:
+            self._advance(env, log, now)
+        if not self.per_subject:
+            return float(len(self.matches.get("*", ())))
+        mine = self.matches.get(env.subject)
+        by_pci = self.matches.get(env.pci_bus_id) if env.pci_bus_id else None
+        if not by_pci:
+            return float(len(mine or ()))
+        if not mine:
+            return float(len(by_pci))
+        return float(len({seq for _, seq in mine} | {seq for _, seq in by_pci}))
+
+    def _advance(self, env: Env, log: EventLog, now: float) -> None:
+        # Events from the future (a replayed bundle is loaded whole) wait, unread, until
+        # the clock reaches the first of them.
+        new = log.appended != self.seen and self.next_t == math.inf
+        events, seq = log.after(self.seq) if new or self.next_t <= now else ([], 0)
+        self.seen = log.appended
+        self.next_t = math.inf
+        for ev in events:
+            if ev.t > now:
+                self.next_t = ev.t
+                break
+            self.seq = seq
+            seq += 1
+            if self.where is not None:
+                env.fields = ev.fields
+                ok = _truth(self.where(env))
+                env.fields = None
+                if not ok:
+                    continue
+            for key in _event_keys(ev) if self.per_subject else ("*",):
+                self.matches.setdefault(key, deque()).append((ev.t, self.seq))
+        self.now = now
+        start = now - self.window
+        oldest = log.appended - len(log) + 1  # what the bounded log still holds counts
+        for key in list(self.matches):
+            q = self.matches[key]
+            while q and (q[0][0] < start or q[0][1] < oldest):
+                q.popleft()
+            if not q:
+                del self.matches[key]
+
+
+def _event_keys(ev: Event) -> set[str]:
+    """What a subject may match an event by: its subject, and its normalised PCI address
+    (from a pci_bus_id field or a gpu:<pci> subject), the keys _same_subject compares."""
+    keys = {ev.subject}
+    pci = ev.fields.get("pci_bus_id") if ev.fields else None
+    if isinstance(pci, str) and (norm := normalize_pci(pci)):
+        keys.add(norm)
+    if subject_kind(ev.subject) == "gpu" and (norm := normalize_pci(ev.subject[4:])):
+        keys.add(norm)
+    return keys
 
 
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")

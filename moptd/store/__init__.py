@@ -11,6 +11,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 from moptd.clock import Clock, SystemClock
 from moptd.observations import Batch, Event, Labels, Sample, Value, subject_kind
@@ -24,22 +25,52 @@ __all__ = ["EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
 
 
 class EventLog:
-    """One bounded, time-ordered stream of events (kernel.xid, gpu.xid_event, ...)."""
+    """One bounded, time-ordered stream of events (kernel.xid, gpu.xid_event, ...).
 
-    __slots__ = ("_events", "dropped")
+    It counts the events ever appended (so a reader can ask for those after the ones it
+    has seen) and how many retained events each subject has (so finding the subjects of a
+    stream does not walk a flooded log every tick)."""
+
+    __slots__ = ("_events", "_subjects", "appended", "dropped")
 
     def __init__(self, max_events: int) -> None:
         self._events: deque[Event] = deque(maxlen=max_events)
+        self._subjects: dict[str, int] = {}
+        self.appended = 0  # sequence number of the newest event (the first is 1)
         self.dropped = 0
 
     def append(self, event: Event) -> None:
         if len(self._events) == self._events.maxlen:
             self.dropped += 1
+            self._forget(self._events[0])
         self._events.append(event)
+        self.appended += 1
+        self._subjects[event.subject] = self._subjects.get(event.subject, 0) + 1
 
     def evict_before(self, t: float) -> None:
         while self._events and self._events[0].t < t:
-            self._events.popleft()
+            self._forget(self._events.popleft())
+
+    def _forget(self, event: Event) -> None:
+        left = self._subjects[event.subject] - 1
+        if left:
+            self._subjects[event.subject] = left
+        else:
+            del self._subjects[event.subject]
+
+    def subjects(self) -> list[str]:
+        """Subjects with at least one retained event."""
+        return list(self._subjects)
+
+    def after(self, seq: int) -> tuple[list[Event], int]:
+        """The retained events appended after sequence number `seq`, oldest first, and the
+        sequence number of the first of them."""
+        new = min(self.appended - seq, len(self._events))
+        if new <= 0:
+            return [], self.appended + 1
+        events = list(islice(reversed(self._events), new))
+        events.reverse()
+        return events, self.appended - new + 1
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._events)
