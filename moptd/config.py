@@ -6,6 +6,7 @@ exists, else the defaults alone. Every error names the file, the line and the ke
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -308,6 +309,12 @@ def _build(
         listen = m[key]["listen"]
         if listen is not None:
             _check_listen(listen, (key, "listen"))
+    api_listen = m["api"]["listen"]
+    if api_listen is not None and not _is_loopback(split_listen(api_listen)[0]):
+        # reads on the TCP API need no token (findings, command lines): never off the host
+        raise _KeyProblem(
+            ("api", "listen"), 0, f"must be a loopback address (127.0.0.1, ::1), not {api_listen!r}"
+        )
     collectors: dict[str, CollectorConfig] = {}
     for name, section in m["collectors"].items():
         interval = _duration(m, ("collectors", name, "interval"))
@@ -385,6 +392,15 @@ def _check_listen(value: str, path: tuple[str, ...]) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise _KeyProblem(path, 0, f"must be host:port, not {value!r}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def split_listen(value: str) -> tuple[str, int]:

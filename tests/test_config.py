@@ -47,6 +47,9 @@ def test_overrides_and_durations():
          "moptd.yaml:3: key 'collectors.host.interval': not a duration: '5 minutes'"),
         ("collectors:\n  gpu:\n    enabled: true\n",
          "moptd.yaml:2: key 'collectors.gpu': unknown key (known here: "),
+        ("api:\n  listen: 0.0.0.0:9478\n",
+         "moptd.yaml:2: key 'api.listen': must be a loopback address (127.0.0.1, ::1), "
+         "not '0.0.0.0:9478'"),
         ("exporter:\n  listen: nowhere\n",
          "moptd.yaml:2: key 'exporter.listen': must be host:port, not 'nowhere'"),
         ("store:\n  retention: 1h\nstore:\n  max_points: 5\n",

@@ -61,17 +61,18 @@ def load_token(path: os.PathLike[str] | str | None) -> str | None:
     if path is None:
         return None
     try:
-        st = os.stat(path)
-        if st.st_mode & 0o077:
-            log.error(
-                "api token file %s is readable by others (mode %o); TCP mutations off",
-                path,
-                st.st_mode & 0o777,
-            )
-            return None
+        # the mode is checked on the file that was opened, not on the name (no race)
         with open(path, encoding="utf-8") as fh:
-            token = fh.read().strip()
-    except OSError as exc:
+            mode = os.fstat(fh.fileno()).st_mode
+            if mode & 0o077:
+                log.error(
+                    "api token file %s is readable by others (mode %o); TCP mutations off",
+                    path,
+                    mode & 0o777,
+                )
+                return None
+            token = fh.read(4096).strip()
+    except (OSError, UnicodeDecodeError) as exc:
         log.error("cannot read api token file %s: %s; TCP mutations off", path, exc)
         return None
     return token or None

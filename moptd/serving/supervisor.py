@@ -275,7 +275,11 @@ class Supervisor:
         try:
             if self._log_fh is None:
                 self.log_path.parent.mkdir(parents=True, exist_ok=True)
-                self._log_fh = self.log_path.open("a", encoding="utf-8")
+                # the server's log may show prompts: 0640, not whatever the umask allows
+                fd = os.open(
+                    self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640
+                )
+                self._log_fh = os.fdopen(fd, "a", encoding="utf-8")
             self._log_fh.write("".join(line + "\n" for line in lines))
             self._log_fh.flush()
             if self._log_fh.tell() > LOG_FILE_MAX:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import shlex
 import subprocess
 import time
@@ -138,8 +139,12 @@ class SystemdSupervisor:
         self.env_dir.mkdir(parents=True, exist_ok=True)
         path = self.env_dir / f"{self.spec.name}.env"
         tmp = path.with_suffix(".env.tmp")
-        tmp.write_text(render_env_file(self.spec), encoding="utf-8")
-        tmp.chmod(0o640)
+        # created 0640 (the environment may hold tokens), never briefly under the umask
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(render_env_file(self.spec))
+        os.chmod(tmp, 0o640)  # O_CREAT's mode is masked by the umask; this is not
         tmp.replace(path)
 
     async def _follow_journal(self) -> None:
