@@ -45,6 +45,8 @@ def cost(mod: ModuleType, fast_only: bool, spacing: float, ticks: int, rounds: i
     opts: dict[str, object] = {"backend": "live", "xid_events": False, "gpu_deadline": 1e9}
     if fast_only:
         opts.update(slow_interval=1e12, costly_interval=1e12, static_interval=1e12)
+    else:  # the same cadence for both, whatever each version's defaults were
+        opts.update(slow_interval=5.0, costly_interval=10.0, static_interval=300.0)
     clock = VirtualClock(time.time())
     c = mod.NvmlCollector(CollectorContext(options=opts, clock=clock))
 

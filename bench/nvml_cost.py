@@ -59,7 +59,7 @@ QUERY_FIELDS = [
 ]  # fmt: skip
 
 
-AMORTISED = "moptd collector, amortised (1 s tick; slow 5 s, costly 30 s, static 300 s)"
+AMORTISED = "moptd collector, amortised (1 s tick; slow 5 s, costly 10 s, static 300 s)"
 
 
 def cpu_now() -> float:

@@ -9,6 +9,8 @@ mkdir -p "$O"
 run() { local name=$1; shift; echo "== $(date +%T) $name"; "$@" >"$O/$name.txt" 2>&1; tail -n 15 "$O/$name.txt"; }
 run store_memory      $PY bench/store_memory.py --gpus 8 --hours 1 --out "$O/store_memory.json"
 run rules_tick        $PY bench/rules_tick.py --ticks 300
+run rules_tick_flood  $PY bench/rules_tick.py --ticks 100 --flood 10000
+run rules_tick_flood_plain $PY bench/rules_tick.py --ticks 10 --flood 10000 --plain-count
 run replay_speed      $PY bench/replay_speed.py --minutes 60
 run kernel_parse      $PY bench/kernel_parse_throughput.py --records 100000 --out "$O/parse.json"
 run kmsg_latency      $PY bench/kmsg_latency.py --records 1000 --out "$O/kmsg_latency.json"
