@@ -30,7 +30,7 @@ def load_soak():
 def test_footprint_stays_flat_under_load(tmp_path: Path):
     soak = load_soak()
     args = argparse.Namespace(seconds=100, warmup=40, gpus=8, sample_every=5,
-                              incident_every=5, quiet=True)
+                              incident_every=5, quiet=True, retention="30s")
     result = soak.soak(args, tmp_path)
     assert result["errors"] == []
     g = result["growth"]
