@@ -21,6 +21,7 @@ from moptd.kernel.attribution import Attributor
 from moptd.kernel.incidents import IncidentTracker
 from moptd.kernel.kmsg import KmsgFollower
 from moptd.kernel.logparse import KernelRecord
+from moptd.kernel.xid import catalog as xid_catalog
 from moptd.observations import NODE, Batch, Event, labels_of
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,9 @@ class KernelLogCollector(Collector):
             self._unavailable = f"cannot read {where}: {reason}"
             raise Unavailable(self._unavailable) from None
         await self._refresh_gpus()
+        # The Xid catalog is YAML, parsed on first use: here, off the loop, rather than in
+        # the reader callback when the first Xid arrives (about 100 ms on the loop).
+        await self.blocking(xid_catalog)
         follower.attach(asyncio.get_running_loop())
         self.follower = follower
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from moptd.clock import next_on_grid
 from moptd.collectors.base import Collector, CollectorBusy, Unavailable
 from moptd.observations import Batch, Event, Sample
 from moptd.store import SignalStore
@@ -125,17 +126,13 @@ class CollectorRuntime:
 
     async def _loop(self, name: str) -> None:
         interval = self.health[name].interval
-        next_at = time.monotonic()
         while True:
             await self.run_collector(name)
             if all(h.runs for h in self.health.values()):
                 self.first_pass.set()
-            next_at += interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # overran: skip the missed slots rather than run back to back
-                next_at = time.monotonic() + interval
-                delay = interval
-            await asyncio.sleep(delay)
+            # The next run is on the interval's grid (an overrun skips the missed slots),
+            # so collectors, and the rules, that share a grid point share a wake-up.
+            await asyncio.sleep(next_on_grid(time.monotonic(), interval) - time.monotonic())
 
     async def run_collector(self, name: str) -> None:
         collector, _, timeout = self.collectors[name]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from moptd.clock import Clock, SystemClock
+from moptd.clock import Clock, SystemClock, next_on_grid
 from moptd.diagnose.codes import Severity
 from moptd.diagnose.engine import Result, fmt
 from moptd.diagnose.loader import default_rules_dir, load_rules
@@ -139,7 +139,8 @@ class Diagnosis:
         next_prune = loop.time() + 60.0
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval):
+                # on the collectors' grid: one wake-up of the loop a second, not several
+                async with asyncio.timeout_at(next_on_grid(loop.time(), self.interval)):
                     await self._wake.wait()
             self._wake.clear()
             try:
