@@ -53,12 +53,15 @@ def value(kind: str, help_text: str, t: float, i: int) -> float:
     return 0.5 + 0.4 * math.sin(tt / 30 + i) + random.random() * 0.01
 
 
-def batch_at(t: float) -> Batch:
+def batch_at(t: float, gpus: int = GPUS, endpoints: int = 1) -> Batch:
+    """Every catalog signal's samples at time t (bench/scaling.py varies the counts)."""
     b = Batch()
     subjects = {
-        "gpu": [f"gpu:{i}" for i in range(GPUS)],
+        "gpu": [f"gpu:{i}" for i in range(gpus)],
         "node": ["node"],
-        "serving": ["serving:main"],
+        "serving": (
+            ["serving:main"] if endpoints == 1 else [f"serving:ep{i}" for i in range(endpoints)]
+        ),
         "collector": ["collector:nvml"],
     }
     for spec in CATALOG.values():
@@ -71,7 +74,7 @@ def batch_at(t: float) -> Batch:
                 label_sets = [labels_of({name: v}) for v in LABELS.get(name, ["x"])]
             for lbl in label_sets:
                 b.add(spec.name, subject, value(spec.kind, spec.help, t, i), lbl)
-    for i in range(GPUS):
+    for i in range(gpus):
         b.describe(f"gpu:{i}", pci_bus_id=f"0000:{0x19 + i:02x}:00.0")
     return b
 

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import store_memory  # noqa: E402
-from rules_tick import LABELS, value  # noqa: E402
+from rules_tick import batch_at  # noqa: E402
 
 from moptd.catalog import CATALOG  # noqa: E402
 from moptd.clock import VirtualClock  # noqa: E402
@@ -54,7 +54,7 @@ from moptd.collectors.nvml import NvmlCollector  # noqa: E402
 from moptd.daemon.exporter import TextRenderer  # noqa: E402
 from moptd.diagnose.loader import default_rules_dir  # noqa: E402
 from moptd.diagnose.service import RuleService  # noqa: E402
-from moptd.observations import Batch, Event, labels_of  # noqa: E402
+from moptd.observations import Batch, Event  # noqa: E402
 from moptd.store import SignalStore  # noqa: E402
 
 RECORDING = ROOT / "tests/fixtures/h200/nvml_recording_h200.jsonl"
@@ -72,28 +72,7 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def synthetic_batch(t: float, gpus: int, endpoints: int) -> Batch:
-    """Every numeric catalog signal for each subject, as bench/rules_tick.py fills it,
-    with the GPU and endpoint counts as parameters."""
-    subjects = {
-        "gpu": [f"gpu:{i}" for i in range(gpus)],
-        "node": ["node"],
-        "serving": [f"serving:ep{i}" for i in range(endpoints)],
-        "collector": ["collector:nvml"],
-    }
-    b = Batch()
-    for spec in CATALOG.values():
-        if spec.kind in ("event", "info") or spec.subject == "process":
-            continue
-        for i, subject in enumerate(subjects.get(spec.subject, [])):
-            label_sets: list[tuple[tuple[str, str], ...]] = [()]
-            if spec.labels:
-                name = spec.labels[0]
-                label_sets = [labels_of({name: v}) for v in LABELS.get(name, ["x"])]
-            for lbl in label_sets:
-                b.add(spec.name, subject, value(spec.kind, spec.help, t, i), lbl)
-    for i in range(gpus):
-        b.describe(f"gpu:{i}", pci_bus_id=f"0000:{0x19 + i:02x}:00.0")
-    return b
+    return batch_at(t, gpus, endpoints)
 
 
 def copied_rules(dest: Path, copies: int) -> list[Path]:
