@@ -275,3 +275,45 @@ def test_status_findings_part():
     buf = io.StringIO()
     print_status_findings({"findings": []}, Console(file=buf, color_system=None))
     assert buf.getvalue() == "Findings: none active\n"
+
+
+def test_offline_pass_runs_the_configured_rules_not_only_the_shipped_ones(tmp_path):
+    """rules.paths (a rules.d override) is what the daemon runs, so explain --offline runs it
+    too: a local rule that always holds shows up."""
+    local = tmp_path / "rules.d"
+    local.mkdir()
+    (local / "local.rules.yaml").write_text(
+        "schema: moptd.rules/v1\n"
+        "rules:\n"
+        "  - id: local-always\n"
+        "    title: A local rule that always holds\n"
+        "    layer: host\n"
+        "    scope: node\n"
+        "    status: experimental\n"
+        "    for: 0s\n"
+        "    decide:\n"
+        "      - id: always\n"
+        "        if: node.cpu_count > 0\n"
+        "        verdict:\n"
+        "          code: SWAP_ACTIVE\n"
+        "          summary: local rule fired\n"
+        "          actions: [{kind: inspect, command: 'true'}]\n"
+        "          runbook: docs/runbooks/SWAP_ACTIVE.md\n"
+    )
+    from moptd.diagnose.loader import default_rules_dir
+
+    config = tmp_path / "moptd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "api": {"socket": str(tmp_path / "nowhere.sock")},
+                "collectors": {"kernel": {"enabled": False}},
+                "rules": {"paths": [str(default_rules_dir()), str(local)]},
+            }
+        )
+    )
+    out = moptd("explain", "--config", str(config), "--offline", "--json")
+    assert out.returncode == 0, out.stderr
+    rules = {f["rule"] for f in json.loads(out.stdout)["findings"]}
+    assert "local-always" in rules

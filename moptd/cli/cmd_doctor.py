@@ -17,7 +17,7 @@ import os
 import pwd
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ async def run_checks(config: Any) -> list[Check]:
         except SpecError as exc:
             problems.append(Check("serving configuration", "critical", str(exc)))
     store, health = await _collect_once(config)
-    checks = [*problems, *collector_checks(health), *finding_checks(store)]
+    checks = [*problems, *collector_checks(health), *finding_checks(store, config.rule_paths)]
     checks.extend(await asyncio.to_thread(host_checks, store, config))
     checks.extend(await asyncio.to_thread(serving_checks, managed, store))
     return checks
@@ -124,12 +124,11 @@ def collector_checks(health: Iterable[Any]) -> list[Check]:
     return out
 
 
-def finding_checks(store: Any) -> list[Check]:
+def finding_checks(store: Any, rule_paths: Sequence[Path]) -> list[Check]:
     from moptd.clock import SystemClock
-    from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.service import RuleService
 
-    rules = RuleService(store, SystemClock(), [default_rules_dir()])
+    rules = RuleService(store, SystemClock(), list(rule_paths))
     if rules.errors:
         return [Check("rules", "critical", "; ".join(map(str, rules.errors)))]
     rules.tick()

@@ -191,7 +191,6 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
     from moptd.clock import SystemClock
     from moptd.daemon.app import make_runtime
     from moptd.daemon.views import status_view
-    from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.service import RuleService
     from moptd.findings.service import steps_of
     from moptd.store import SignalStore
@@ -200,7 +199,8 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
     store = SignalStore()
     runtime = make_runtime(config, store)
     await runtime.collect_once()
-    rules = RuleService(store, SystemClock(), [default_rules_dir()])
+    # the rules the daemon would run: shipped, then rules.d overrides from the config
+    rules = RuleService(store, SystemClock(), list(config.rule_paths))
     rules.tick()
     out = []
     for f in rules.active():
