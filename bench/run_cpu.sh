@@ -14,6 +14,7 @@ run rules_tick_flood_plain $PY bench/rules_tick.py --ticks 10 --flood 10000 --pl
 run replay_speed      $PY bench/replay_speed.py --minutes 60
 run kernel_parse      $PY bench/kernel_parse_throughput.py --records 100000 --out "$O/parse.json"
 run kmsg_latency      $PY bench/kmsg_latency.py --records 1000 --out "$O/kmsg_latency.json"
+run detection_latency $PY bench/detection_latency.py --rounds 30 --out "$O/detection_latency.json"
 run serving_scrape    $PY bench/serving_scrape.py --runs 500
 run steady_cpu_host   $PY bench/daemon_steady.py --seconds 60 --warmup 10 --out "$O/steady_cpu.json"
 run steady_8gpu       $PY bench/daemon_steady.py --seconds 60 --warmup 10 \
