@@ -212,7 +212,7 @@ class SignalStore:
 
     def series_for(self, signal: str, subject: str) -> list[tuple[Labels, Series]]:
         """Every label set of a signal on one subject (e.g. clock_event_active by reason)."""
-        return list(self._index.get((signal, subject), {}).items())
+        return list(self.labelled(signal, subject).items())
 
     def labelled(self, signal: str, subject: str) -> Mapping[Labels, Series]:
         """series_for without the copy, for the rule engine's hot path; do not modify."""

@@ -16,9 +16,10 @@ import bisect
 import math
 import operator
 from array import array
+from collections.abc import Callable
 from itertools import islice, repeat
 
-from moptd.store.sliding import SlidingExtreme, SlidingSums
+from moptd.store.sliding import SlidingAggregate, SlidingExtreme, SlidingSums
 
 SLIDING_FROM = 64  # points in a window from which min, max and slope are kept incrementally
 
@@ -33,7 +34,7 @@ class Series:
         self._base = 0  # points compacted away: local index + _base is a point's for good
         # (function, window) -> aggregate kept up to date as the window moves; only for
         # windows of at least SLIDING_FROM points, which is where walking them costs
-        self._sliding: dict[tuple[str, float], SlidingSums | SlidingExtreme] | None = None
+        self._sliding: dict[tuple[str, float], SlidingAggregate] | None = None
         self.last_seen = -math.inf
         self.max_points = max_points
 
@@ -158,21 +159,42 @@ class Series:
         pick = min if is_min else max
         if hi - lo < SLIDING_FROM:
             return pick(self._v[lo - 1 if carried else lo : hi])
-        key = ("min" if is_min else "max", window)
-        agg = self._sliding.get(key) if self._sliding is not None else None
-        base = self._base
-        if isinstance(agg, SlidingExtreme) and agg.can_advance(lo + base, hi + base):
-            agg.advance(self._v, lo + base, hi + base, base)
-        elif agg is None or hi + base >= agg.hi:
-            agg = SlidingExtreme(self._v, lo, hi, base, is_min)
-            if self._sliding is None:
-                self._sliding = {}
-            self._sliding[key] = agg
-        else:  # a window in the past: answer it plainly, keep the live aggregate
+        agg = self._sliding_at(
+            ("min" if is_min else "max", window),
+            lo,
+            hi,
+            window,
+            lambda: SlidingExtreme(self._v, lo, hi, self._base, is_min),
+        )
+        if agg is None:
             return pick(self._v[lo - 1 if carried else lo : hi])
-        inside = agg.value(self._v, base)
+        assert isinstance(agg, SlidingExtreme)
+        inside = agg.value(self._v, self._base)
         assert inside is not None  # hi - lo >= SLIDING_FROM points are inside
         return pick(inside, self._v[lo - 1]) if carried else inside
+
+    def _sliding_at(
+        self,
+        key: tuple[str, float],
+        lo: int,
+        hi: int,
+        window: float,
+        build: Callable[[], SlidingAggregate],
+    ) -> SlidingAggregate | None:
+        """The aggregate `key` moved to the local points [lo, hi), built when it does not
+        exist yet or a rebuild is due. None for a window in the past: the caller answers it
+        plainly and the live aggregate stays as it is."""
+        if self._sliding is None:
+            self._sliding = {}
+        base = self._base
+        agg = self._sliding.get(key)
+        if agg is not None and agg.can_advance(lo + base, hi + base, window, self._t[lo]):
+            agg.advance(self._t, self._v, lo + base, hi + base, base)
+            return agg
+        if agg is not None and hi + base < agg.hi:
+            return None
+        agg = self._sliding[key] = build()
+        return agg
 
     def increase(self, now: float, window: float) -> float | None:
         """Counter increase over the window; a drop is a reset, counted from zero."""
@@ -209,20 +231,16 @@ class Series:
         lo, hi, carried = r
         if hi - lo < SLIDING_FROM:
             return self._plain_slope(now, window, lo, hi, carried)
-        key = ("slope", window)
-        agg = self._sliding.get(key) if self._sliding is not None else None
-        base = self._base
-        if isinstance(agg, SlidingSums) and agg.can_advance(
-            lo + base, hi + base, window, self._t[lo]
-        ):
-            agg.advance(self._t, self._v, lo + base, hi + base, base)
-        elif agg is None or hi + base >= agg.hi:
-            agg = SlidingSums(self._t, self._v, lo, hi, base)
-            if self._sliding is None:
-                self._sliding = {}
-            self._sliding[key] = agg
-        else:  # a window in the past: answer it plainly, keep the live aggregate
+        agg = self._sliding_at(
+            ("slope", window),
+            lo,
+            hi,
+            window,
+            lambda: SlidingSums(self._t, self._v, lo, hi, self._base),
+        )
+        if agg is None:
             return self._plain_slope(now, window, lo, hi, carried)
+        assert isinstance(agg, SlidingSums)
         n, sx, sy, sxx, sxy = agg.n, agg.sx, agg.sy, agg.sxx, agg.sxy
         extra = []
         if carried:

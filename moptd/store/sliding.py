@@ -19,11 +19,27 @@ from collections import deque
 REBUILD_AFTER = 4096
 
 
-class SlidingSums:
+class SlidingAggregate:
+    """An aggregate over the points [lo, hi) (absolute indices) of one series."""
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self) -> None:
+        self.lo = self.hi = 0
+
+    def can_advance(self, lo: int, hi: int, window: float, t_lo: float) -> bool:
+        """Whether moving to [lo, hi) is cheaper than a rebuild (the window only moved on)."""
+        return lo >= self.lo and hi >= self.hi
+
+    def advance(self, ts: array[float], vs: array[float], lo: int, hi: int, base: int) -> None:
+        raise NotImplementedError
+
+
+class SlidingSums(SlidingAggregate):
     """n, Σx, Σy, Σx², Σxy over points [lo, hi), with x = t - t_ref and y = v - v_ref
     (shifted to keep the sums well conditioned): what a least-squares slope needs."""
 
-    __slots__ = ("hi", "lo", "n", "sx", "sxx", "sxy", "sy", "t_ref", "updates", "v_ref")
+    __slots__ = ("n", "sx", "sxx", "sxy", "sy", "t_ref", "updates", "v_ref")
 
     def __init__(self, ts: array[float], vs: array[float], lo: int, hi: int, base: int) -> None:
         """Build over local indices [lo, hi) of a series whose absolute index is local + base."""
@@ -38,8 +54,7 @@ class SlidingSums:
 
     def can_advance(self, lo: int, hi: int, window: float, t_lo: float) -> bool:
         return (
-            lo >= self.lo
-            and hi >= self.hi
+            super().can_advance(lo, hi, window, t_lo)
             and self.updates < REBUILD_AFTER
             and t_lo - self.t_ref <= 2 * window  # x stays small next to the window
         )
@@ -64,22 +79,19 @@ class SlidingSums:
         self.sxy += sign * x * y
 
 
-class SlidingExtreme:
+class SlidingExtreme(SlidingAggregate):
     """The minimum (or maximum) over points [lo, hi): a deque of indices whose values only
     rise (or fall) from front to back, so the front is the answer."""
 
-    __slots__ = ("hi", "idx", "is_min", "lo")
+    __slots__ = ("idx", "is_min")
 
     def __init__(self, vs: array[float], lo: int, hi: int, base: int, is_min: bool) -> None:
         self.is_min = is_min
         self.idx: deque[int] = deque()
         self.lo = self.hi = lo + base
-        self.advance(vs, lo + base, hi + base, base)
+        self.advance(vs, vs, lo + base, hi + base, base)
 
-    def can_advance(self, lo: int, hi: int) -> bool:
-        return lo >= self.lo and hi >= self.hi
-
-    def advance(self, vs: array[float], lo: int, hi: int, base: int) -> None:
+    def advance(self, ts: array[float], vs: array[float], lo: int, hi: int, base: int) -> None:
         idx = self.idx
         for i in range(self.hi, hi):
             v = vs[i - base]
