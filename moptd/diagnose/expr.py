@@ -465,12 +465,8 @@ class Compiler:
                     break
                 if per_subject and not _same_subject(ev, env):
                     continue
-                if where is not None:
-                    env.fields = ev.fields
-                    ok = _truth(where(env))
-                    env.fields = None
-                    if not ok:
-                        continue
+                if where is not None and not _where_holds(where, env, ev):
+                    continue
                 n += 1
             return float(n)
 
@@ -602,14 +598,18 @@ def _abs(v: object) -> object:
 
 
 def _same_subject(ev: Event, env: Env) -> bool:
-    if ev.subject == env.subject:
-        return True
-    if env.pci_bus_id is None:
-        return False
-    pci = ev.fields.get("pci_bus_id") if ev.fields else None
-    if isinstance(pci, str) and normalize_pci(pci) == env.pci_bus_id:
-        return True
-    return subject_kind(ev.subject) == "gpu" and normalize_pci(ev.subject[4:]) == env.pci_bus_id
+    """An event is about env's subject when it names it, or names its PCI address."""
+    keys = _event_keys(ev)
+    return env.subject in keys or (env.pci_bus_id is not None and env.pci_bus_id in keys)
+
+
+def _where_holds(where: Compiled, env: Env, ev: Event) -> bool:
+    """count()'s WHERE over one event's fields (unknown counts as false)."""
+    env.fields = ev.fields
+    try:
+        return _truth(where(env)) is True
+    finally:
+        env.fields = None
 
 
 # Tests compare the incremental count with the plain walk by turning this off.
@@ -669,12 +669,8 @@ class _SlidingCount:
                 break
             self.seq = seq
             seq += 1
-            if self.where is not None:
-                env.fields = ev.fields
-                ok = _truth(self.where(env))
-                env.fields = None
-                if not ok:
-                    continue
+            if self.where is not None and not _where_holds(self.where, env, ev):
+                continue
             for key in _event_keys(ev) if self.per_subject else ("*",):
                 self.matches.setdefault(key, deque()).append((ev.t, self.seq))
         self.now = now
@@ -690,7 +686,7 @@ class _SlidingCount:
 
 def _event_keys(ev: Event) -> set[str]:
     """What a subject may match an event by: its subject, and its normalised PCI address
-    (from a pci_bus_id field or a gpu:<pci> subject), the keys _same_subject compares."""
+    (from a pci_bus_id field or a gpu:<pci> subject)."""
     keys = {ev.subject}
     pci = ev.fields.get("pci_bus_id") if ev.fields else None
     if isinstance(pci, str) and (norm := normalize_pci(pci)):
