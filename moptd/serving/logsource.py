@@ -16,6 +16,7 @@ from pathlib import Path
 from moptd.observations import Batch, Event
 from moptd.serving.logparse import LogState, parse_line
 from moptd.serving.logring import LineSplitter, LogRing
+from moptd.serving.spec import flag_value
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,26 @@ def fill_log_state(b: Batch, subject: str, st: LogState, now: float) -> None:
         b.add("serving.kv_cache_max_concurrency", subject, st.max_concurrency)
     if st.last_stats_t is not None:
         b.add("serving.log_stats_age", subject, max(0.0, now - st.last_stats_t))
+
+
+def fill_managed(
+    b: Batch,
+    subject: str,
+    pid: int | None,
+    state: str,
+    st: LogState,
+    command: tuple[str, ...],
+    now: float,
+) -> None:
+    """What either backend of the managed process reports alike: whether it runs, a crash
+    loop, model loading, --max-num-seqs from its command line, and its log's state."""
+    b.add("serving.process_up", subject, 1.0 if pid is not None else 0.0)
+    b.add("serving.crash_loop", subject, 1.0 if state == "crash_loop" else 0.0)
+    b.add("serving.starting", subject, 1.0 if pid is not None and not st.started else 0.0)
+    seqs = flag_value(command, "--max-num-seqs")
+    if seqs is not None and seqs.isdigit():
+        b.add("serving.max_num_seqs", subject, float(seqs))
+    fill_log_state(b, subject, st, now)
 
 
 def log_events(

@@ -25,8 +25,8 @@ from moptd.observations import Batch, Event
 from moptd.serving.gates import GateResult, refusal_events, run_gates
 from moptd.serving.logparse import LogState
 from moptd.serving.logring import LineSplitter, LogRing
-from moptd.serving.logsource import fill_log_state, log_events
-from moptd.serving.spec import Managed, flag_value
+from moptd.serving.logsource import fill_managed, log_events
+from moptd.serving.spec import Managed
 
 log = logging.getLogger(__name__)
 
@@ -340,15 +340,8 @@ class Supervisor:
 
     def fill(self, batch: Batch, now: float) -> None:
         s = self.subject
-        batch.add("serving.process_up", s, 1.0 if self.pid is not None else 0.0)
+        fill_managed(batch, s, self.pid, self.state, self.log_state, self.spec.command, now)
         batch.add("serving.restarts", s, float(self.restarts))
-        batch.add("serving.crash_loop", s, 1.0 if self.state == "crash_loop" else 0.0)
-        starting = self.pid is not None and not self.log_state.started
-        batch.add("serving.starting", s, 1.0 if starting else 0.0)
-        seqs = flag_value(self.spec.command, "--max-num-seqs")
-        if seqs is not None and seqs.isdigit():
-            batch.add("serving.max_num_seqs", s, float(seqs))
-        fill_log_state(batch, s, self.log_state, now)
         if not self.log_state.cuda_graphs and "--enforce-eager" in self.spec.command:
             batch.add("serving.cuda_graphs_enabled", s, 0.0)
         batch.describe(

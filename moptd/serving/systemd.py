@@ -24,11 +24,11 @@ from moptd.serving.logparse import LogState
 from moptd.serving.logring import LogRing
 from moptd.serving.logsource import (
     JournalTail,
-    fill_log_state,
+    fill_managed,
     journal_follow_argv,
     log_events,
 )
-from moptd.serving.spec import Managed, flag_value
+from moptd.serving.spec import Managed
 
 log = logging.getLogger(__name__)
 
@@ -201,17 +201,10 @@ class SystemdSupervisor:
 
     def fill(self, batch: Batch, now: float) -> None:
         s = self.subject
-        batch.add("serving.process_up", s, 1.0 if self.pid is not None else 0.0)
+        fill_managed(batch, s, self.pid, self.state, self.log_state, self.spec.command, now)
         restarts = self.show.get("NRestarts", "")
         if restarts.isdigit():
             batch.add("serving.restarts", s, float(restarts))
-        batch.add("serving.crash_loop", s, 1.0 if self.state == "crash_loop" else 0.0)
-        starting = self.pid is not None and not self.log_state.started
-        batch.add("serving.starting", s, 1.0 if starting else 0.0)
-        seqs = flag_value(self.spec.command, "--max-num-seqs")
-        if seqs is not None and seqs.isdigit():
-            batch.add("serving.max_num_seqs", s, float(seqs))
-        fill_log_state(batch, s, self.log_state, now)
         batch.describe(
             s,
             managed="systemd",
