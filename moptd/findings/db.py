@@ -552,6 +552,13 @@ def active_findings(c: sqlite3.Connection) -> list[dict[str, Any]]:
     return [_finding(r) for r in rows]
 
 
+def _where(base: str, filters: list[tuple[str, object]]) -> tuple[str, list[object]]:
+    """A WHERE clause from fixed conditions (written here, never from input) for the
+    filters that were given, and their values as parameters."""
+    given = [(clause, value) for clause, value in filters if value is not None]
+    return " AND ".join([base, *(clause for clause, _ in given)]), [v for _, v in given]
+
+
 def query_findings(
     c: sqlite3.Connection,
     subject: str | None = None,
@@ -561,22 +568,18 @@ def query_findings(
     state: str | None = None,
     limit: int = 500,
 ) -> list[dict[str, Any]]:
-    where: list[str] = ["state != 'inactive'"]
-    args: list[object] = []
-    for col, val in (
-        ("subject", subject),
-        ("code", code),
-        ("severity", severity),
-        ("state", state),
-    ):
-        if val is not None:
-            where.append(f"{col} = ?")
-            args.append(val)
-    if since is not None:
-        where.append("updated_at >= ?")
-        args.append(since)
+    where, args = _where(
+        "state != 'inactive'",
+        [
+            ("subject = ?", subject),
+            ("code = ?", code),
+            ("severity = ?", severity),
+            ("state = ?", state),
+            ("updated_at >= ?", since),
+        ],
+    )
     sql = (
-        f"SELECT * FROM findings WHERE {' AND '.join(where)} "  # noqa: S608 - fixed columns
+        f"SELECT * FROM findings WHERE {where} "  # noqa: S608 - fixed columns
         "ORDER BY updated_at DESC, id DESC LIMIT ?"
     )
     return [_finding(r) for r in c.execute(sql, (*args, limit)).fetchall()]
@@ -603,19 +606,9 @@ def query_events(
     subject: str | None = None,
     limit: int = 1000,
 ) -> list[dict[str, Any]]:
-    where: list[str] = ["1"]
-    args: list[object] = []
-    if since is not None:
-        where.append("t >= ?")
-        args.append(since)
-    if stream is not None:
-        where.append("stream = ?")
-        args.append(stream)
-    if subject is not None:
-        where.append("subject = ?")
-        args.append(subject)
+    where, args = _where("1", [("t >= ?", since), ("stream = ?", stream), ("subject = ?", subject)])
     sql = (
-        f"SELECT * FROM events WHERE {' AND '.join(where)} "  # noqa: S608 - fixed columns
+        f"SELECT * FROM events WHERE {where} "  # noqa: S608 - fixed columns
         "ORDER BY t DESC, id DESC LIMIT ?"
     )
     rows = c.execute(sql, (*args, limit)).fetchall()
