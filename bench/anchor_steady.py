@@ -30,6 +30,26 @@ FIELDS = (
 )
 
 
+# What nvitop reads per device in its main view, as bench/nvml_cost.py measures it too.
+NVITOP_FIELDS = (
+    "gpu_utilization",
+    "memory_utilization",
+    "memory_total",
+    "memory_used",
+    "memory_free",
+    "temperature",
+    "power_usage",
+    "sm_clock",
+    "memory_clock",
+    "performance_state",
+)
+
+
+def read_nvitop_fields(device: object) -> None:
+    for name in NVITOP_FIELDS:
+        getattr(device, name)()
+
+
 def poll(kind: str, seconds: float) -> None:
     """Runs in the child: sample every GPU once a second for `seconds`."""
     if kind == "nvidia-smi":
@@ -50,16 +70,7 @@ def poll(kind: str, seconds: float) -> None:
 
         def once() -> None:
             for d in Device.all():
-                d.gpu_utilization()
-                d.memory_utilization()
-                d.memory_total()
-                d.memory_used()
-                d.memory_free()
-                d.temperature()
-                d.power_usage()
-                d.sm_clock()
-                d.memory_clock()
-                d.performance_state()
+                read_nvitop_fields(d)
 
     end = time.monotonic() + seconds
     next_at = time.monotonic()

@@ -26,21 +26,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from percentile import pct
+
 from tests.api_helpers import get as api_get
+from tests.api_helpers import write_xid79
 from tests.daemon_proc import DaemonProcess
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def one_round(d: DaemonProcess, timeout: float = 10.0) -> tuple[float, float]:
-    domain = random.randint(0x1000, 0xFFFE)
-    kernel = f"{domain:04x}:{random.randint(1, 0xFE):02x}:00"
-    subject = f"gpu:{kernel}.0"
-    with open("/dev/kmsg", "w") as fh:
-        fh.write(f"<3>NVRM: Xid (PCI:{kernel}): 79, pid=0, GPU has fallen off the bus.\n")
+    subject = f"gpu:{write_xid79()[1]}"
     t0 = time.monotonic()
     in_api = in_metrics = None
     while (in_api is None or in_metrics is None) and time.monotonic() - t0 < timeout:

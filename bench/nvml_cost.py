@@ -222,18 +222,11 @@ def nvitop_cost(n: int, ngpus: int) -> list[float] | str:
     except ImportError as exc:
         return f"nvitop not importable: {str(exc).strip().splitlines()[-1]}"
 
+    from anchor_steady import read_nvitop_fields
+
     def once() -> None:
         for d in Device.all():
-            d.gpu_utilization()
-            d.memory_utilization()
-            d.memory_total()
-            d.memory_used()
-            d.memory_free()
-            d.temperature()
-            d.power_usage()
-            d.sm_clock()
-            d.memory_clock()
-            d.performance_state()
+            read_nvitop_fields(d)
             d.pcie_link_generation() if hasattr(d, "pcie_link_generation") else None
 
     return rounds(once, n, 1, ngpus)

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import store_memory  # noqa: E402
+from percentile import pct  # noqa: E402
 from rules_tick import batch_at  # noqa: E402
 
 from moptd.catalog import CATALOG  # noqa: E402
@@ -61,11 +62,6 @@ RECORDING = ROOT / "tests/fixtures/h200/nvml_recording_h200.jsonl"
 GPU_COUNTS = (1, 2, 4, 8, 16)
 ENDPOINT_COUNTS = (1, 2, 4, 8)
 RULE_COPIES = (1, 2, 4)
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # --- rule tick ------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from moptd.cli.client import DaemonUnreachable  # noqa: E402
+from moptd.collectors.daemon_self import read_self  # noqa: E402
 from tests.api_helpers import get as api_get  # noqa: E402
 from tests.daemon_proc import DaemonProcess, free_port  # noqa: E402
 
@@ -81,16 +82,13 @@ def vllm_endpoint() -> Iterator[str]:
 
 
 def proc_figures(pid: int) -> dict[str, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) * 1024  # type: ignore[union-attr]
-    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
-    stat = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    """RSS, threads, open files and CPU seconds, read the way the daemon reads its own."""
+    got = {s.signal: float(s.value) for s in read_self(Path(f"/proc/{pid}")).samples}  # type: ignore[arg-type]
     return {
-        "rss": float(rss),
-        "threads": float(threads),
-        "fds": float(len(os.listdir(f"/proc/{pid}/fd"))),
-        "cpu": cpu,
+        "rss": got["daemon.resident_memory"],
+        "threads": got["daemon.threads"],
+        "fds": got["daemon.open_fds"],
+        "cpu": got["daemon.cpu_seconds"],
     }
 
 

@@ -238,17 +238,21 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_offline_without_a_daemon_says_so(tmp_path):
+def offline_config(tmp_path: Path, **extra: object) -> Path:
+    """A configuration whose daemon is not running, without the shared kernel log."""
     config = tmp_path / "moptd.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "state_dir": str(tmp_path / "state"),
-                "api": {"socket": str(tmp_path / "nowhere.sock")},
-                "collectors": {"kernel": {"enabled": False}},
-            }
-        )
-    )
+    settings = {
+        "state_dir": str(tmp_path / "state"),
+        "api": {"socket": str(tmp_path / "nowhere.sock")},
+        "collectors": {"kernel": {"enabled": False}},
+        **extra,
+    }
+    config.write_text(yaml.safe_dump(settings))
+    return config
+
+
+def test_offline_without_a_daemon_says_so(tmp_path):
+    config = offline_config(tmp_path)
     out = moptd("explain", "--config", str(config))
     assert out.returncode == 0, out.stderr
     assert "The daemon is not reachable" in out.stdout
@@ -302,17 +306,7 @@ def test_offline_pass_runs_the_configured_rules_not_only_the_shipped_ones(tmp_pa
     )
     from moptd.diagnose.loader import default_rules_dir
 
-    config = tmp_path / "moptd.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "state_dir": str(tmp_path / "state"),
-                "api": {"socket": str(tmp_path / "nowhere.sock")},
-                "collectors": {"kernel": {"enabled": False}},
-                "rules": {"paths": [str(default_rules_dir()), str(local)]},
-            }
-        )
-    )
+    config = offline_config(tmp_path, rules={"paths": [str(default_rules_dir()), str(local)]})
     out = moptd("explain", "--config", str(config), "--offline", "--json")
     assert out.returncode == 0, out.stderr
     rules = {f["rule"] for f in json.loads(out.stdout)["findings"]}
