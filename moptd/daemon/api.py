@@ -506,10 +506,12 @@ class ConnectionCap:
         self.refused = 0
         self._busy: dict[object, int] = {}
         self._closing: set[object] = set()
-        # Made here but not yet among the server's connections: asyncio accepts a burst of
-        # connections before any of them is connected, so these count too (for a second at
-        # most: one that is gone by then was lost before it was ever seen connected).
-        self._accepting: dict[object, float] = {}
+        # Made here but not yet among the server's connections: asyncio calls this factory
+        # for a whole burst of accepted connections before any of them is connected, so
+        # these count too. Each leaves the set in the loop's next pass, just before its
+        # connection_made (scheduled after it): a connection that came and went stays
+        # counted no longer than that, however many a second a client opens.
+        self._accepting: set[object] = set()
         self._warned = float("-inf")
 
     def __call__(self) -> asyncio.BaseProtocol:
@@ -518,9 +520,6 @@ class ConnectionCap:
         live = set(conns)
         now = time.monotonic()
         self._closing &= live
-        self._accepting = {
-            h: t for h, t in self._accepting.items() if h not in live and now - t < 1.0
-        }
         held = len(conns) - len(self._closing) + len(self._accepting)
         if held >= self.limit:
             if now - self._warned >= 60.0:
@@ -539,7 +538,8 @@ class ConnectionCap:
             self.evicted += 1
             victim.force_close()
         handler = self.server()
-        self._accepting[handler] = now
+        self._accepting.add(handler)
+        asyncio.get_running_loop().call_soon(self._accepting.discard, handler)
         return handler
 
     @web.middleware
