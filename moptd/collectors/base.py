@@ -5,7 +5,7 @@ absent GPU on a CPU host is normal), or raises anything else (a failure). The ru
 turns every outcome into the collector.* signals. Blocking work goes through
 ``self.blocking(fn)``, which runs it on the collector's own thread so that a call that
 hangs (an NVML query on a GPU in recovery) can never exhaust a shared pool or stall the
-event loop.
+event loop (nor, being a daemon thread, the daemon's exit).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from moptd.clock import Clock, SystemClock
+from moptd.collectors.worker import Worker
 from moptd.observations import Batch, Event
 
 T = TypeVar("T")
@@ -77,7 +78,7 @@ class Collector:
 
     def __init__(self, ctx: CollectorContext) -> None:
         self.ctx = ctx
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._worker: Worker | None = None
         self._pending: concurrent.futures.Future[Any] | None = None
 
     def option(self, key: str) -> Any:
@@ -93,18 +94,19 @@ class Collector:
 
     async def stop(self) -> None:
         """Release resources. Must not block on a hung call."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
+
+    def worker(self) -> Worker:
+        if self._worker is None:
+            self._worker = Worker(f"moptd-{self.name}")
+        return self._worker
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pending is not None and not self._pending.done():
             raise CollectorBusy(f"{self.name}: the previous call is still running")
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"moptd-{self.name}"
-            )
-        fut = self._executor.submit(fn, *args)
+        fut = self.worker().submit(fn, *args)
         self._pending = fut
         return await asyncio.wrap_future(fut)
 

@@ -3,7 +3,7 @@
 Readings come in four cost tiers (moptd/collectors/gpu_readings.py): static at start and
 every ``static_interval``, slow every ``slow_interval``, costly (total energy and two
 clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, fast every tick;
-each tier's age is exported as gpu.sample_age{tier}. Every GPU is read on its own
+each tier's age is exported as gpu.sample_age{tier}.
 The GPUs are read one after another on one shared reader thread (one thread wake-up per
 tick, not one per GPU: on the GPU host the wake-ups cost more CPU than the NVML calls),
 under a per-GPU deadline. A GPU whose NVML call hangs (a GPU in recovery) holds up the
@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
-import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar
 
 from moptd.collectors.base import Collector, CollectorContext, Option, Unavailable, register
 from moptd.collectors.gpu_batch import add_ages, add_fast, add_slow, add_static
@@ -44,15 +42,16 @@ from moptd.collectors.gpu_readings import (
     merge_costly,
 )
 from moptd.collectors.proc_info import ProcessInfo, process_info
+from moptd.collectors.worker import Worker
 from moptd.observations import Batch, Event, Sample, gpu_subject
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_UNKNOWN = 999
 DRIVER_SIGNS = (Path("/dev/nvidiactl"),)
 TIERS = ("static", "fast", "slow", "costly")
+_FAST_ONLY = ("fast",)
 
 
 @dataclass
@@ -69,7 +68,7 @@ class _GpuState:
     fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
     slow_batch: Batch = field(default_factory=Batch)
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
-    worker: _GpuThread | None = None  # its own thread, once it has hung; else the shared one
+    worker: Worker | None = None  # its own thread, once it has hung; else the shared one
     pending: concurrent.futures.Future[_Pass] | None = None
     pending_since: float = 0.0  # when the pending read was started
     last: tuple[_Pass, float] | None = None  # the last finished read and when it started
@@ -85,36 +84,6 @@ class _Pass:
     costly: SlowReading | None = None
     error: int = 0
     lost: GpuLost | None = None
-
-
-class _GpuThread:
-    """A single-thread executor on a daemon thread: a GPU whose NVML call never returns
-    must not keep the daemon from exiting (ThreadPoolExecutor joins its threads at exit)."""
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[
-            tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
-        ] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._queue.put((fut, functools.partial(fn, *args)))
-        return fut
-
-    def shutdown(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            fut, call = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(call())
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                fut.set_exception(exc)
 
 
 def _countdown(count: int) -> tuple[Callable[[object], None], asyncio.Future[None]]:
@@ -176,7 +145,12 @@ class NvmlCollector(Collector):
         self._procs_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._shared: _GpuThread | None = None  # reads every GPU that has not hung
+        self._shared: Worker | None = None  # reads every GPU that has not hung
+        # Read once: collect() runs every second, cold, so each lookup it skips counts.
+        self._every = {
+            tier: float(self.option(f"{tier}_interval")) for tier in ("static", "slow", "costly")
+        }
+        self._slow_taken = True  # a slow read came in since processes were last pruned
 
     # --- backend ------------------------------------------------------------------------
     def make_backend(self) -> GpuBackend:
@@ -265,17 +239,15 @@ class NvmlCollector(Collector):
                     harvested.add(index)
                 st.pending = None
         self._isolate_hung(now, deadline)
-        first_reads: dict[int, concurrent.futures.Future[_Pass]] = {}
-        reads: list[tuple[int, tuple[str, ...]]] = []
+        # A GPU never read yet is waited for, so the first collection is complete.
+        first: list[tuple[int, tuple[str, ...]]] = []
+        later: list[tuple[int, tuple[str, ...]]] = []
         for index, st in self._gpus.items():
             if st.pending is not None:
                 continue  # still reading (or hanging): no second read behind it
-            reads.append((index, self._due(st, now)))
-        for index, fut in self._submit(backend, reads).items():
-            st = self._gpus[index]
-            st.pending, st.pending_since = fut, now
-            if index not in harvested and st.last is None:
-                first_reads[index] = fut
+            (first if st.last is None else later).append((index, self._due(st, now)))
+        first_reads = self._start(backend, first, now)
+        self._start(backend, later, now)
         if first_reads:
             all_done, tick_done = _countdown(len(first_reads))
             for fut in first_reads.values():
@@ -287,11 +259,11 @@ class NvmlCollector(Collector):
                 if fut.done() and not fut.cancelled():
                     self._harvest(index, st, fut.result(), st.pending_since)
                     harvested.add(index)
+                    st.pending = None
                     # and the read the next tick will report
                     # (the first read covered every tier; the next one needs only fast)
                     again.append((index, ("fast",)))
-            for index, fut in self._submit(backend, again).items():
-                self._gpus[index].pending = fut
+            self._start(backend, again, now)
         done_at = self.ctx.clock.now()
         for index, st in self._gpus.items():
             late = st.pending is not None and done_at - st.pending_since >= deadline
@@ -301,11 +273,16 @@ class NvmlCollector(Collector):
                 # the newest finished read; while the next is under way and not yet late,
                 # the last one still stands
                 self._report(batch, index, st, st.last[0], done_at)
-        self._drop_departed_processes()
+        if self._slow_taken:
+            self._drop_departed_processes()
+            self._slow_taken = False
         return batch
 
-    def _submit(
-        self, backend: GpuBackend, reads: list[tuple[int, tuple[str, ...]]]
+    def _start(
+        self,
+        backend: GpuBackend,
+        reads: list[tuple[int, tuple[str, ...]]],
+        now: float,
     ) -> dict[int, concurrent.futures.Future[_Pass]]:
         """Start reads: a GPU with a thread of its own on it, the rest as one job on the
         shared thread. Each GPU gets its own future either way."""
@@ -321,8 +298,11 @@ class NvmlCollector(Collector):
                 futures[index] = fut
         if shared:
             if self._shared is None:
-                self._shared = _GpuThread("moptd-nvml-reader")
-            self._shared.submit(self._read_gpus, backend, shared)
+                self._shared = Worker("moptd-nvml-reader")
+            self._shared.post(self._read_gpus, backend, shared)
+        for index, fut in futures.items():
+            st = self._gpus[index]
+            st.pending, st.pending_since = fut, now
         return futures
 
     def _read_gpus(
@@ -371,17 +351,21 @@ class NvmlCollector(Collector):
             await asyncio.wait([asyncio.wrap_future(f) for f in pending], timeout=limit)
 
     def _due(self, st: _GpuState, now: float) -> tuple[str, ...]:
-        tiers = ["fast"]
-        static_every = float(self.option("static_interval"))
-        slow_every = float(self.option("slow_interval"))
+        every = self._every
+        read_at = st.read_at
         # A little slack so a tier due "now" is not pushed a whole tick later by jitter.
         slack = 0.05
-        if st.static is None or now - st.read_at.get("static", 0.0) >= static_every - slack:
+        static = st.static is None or now - read_at.get("static", 0.0) >= every["static"] - slack
+        slow = st.slow is None or now - read_at.get("slow", 0.0) >= every["slow"] - slack
+        costly = st.costly is None or now - read_at.get("costly", 0.0) >= every["costly"] - slack
+        if not (static or slow or costly):
+            return _FAST_ONLY
+        tiers = ["fast"]
+        if static:
             tiers.insert(0, "static")
-        if st.slow is None or now - st.read_at.get("slow", 0.0) >= slow_every - slack:
+        if slow:
             tiers.append("slow")
-        costly_every = float(self.option("costly_interval"))
-        if st.costly is None or now - st.read_at.get("costly", 0.0) >= costly_every - slack:
+        if costly:
             tiers.append("costly")
         return tuple(tiers)
 
@@ -433,6 +417,7 @@ class NvmlCollector(Collector):
             batch.add("gpu.nvml_error", subject, float(res.lost.code))
             # A lost GPU's old values must not be read as current.
             st.fast = st.slow = st.costly = None
+            self._slow_taken = True  # its processes are gone with them
             st.slow_batch = Batch()
             return
         st.read_at.pop("lost_logged", None)
@@ -459,8 +444,11 @@ class NvmlCollector(Collector):
             st.costly, st.read_at["costly"] = res.costly, read_at
         if res.slow is not None:
             st.slow, st.read_at["slow"] = res.slow, read_at
+        if res.slow is None and res.costly is None:
+            return
+        self._slow_taken = True
         merged = merge_costly(st.slow, st.costly)
-        if merged is not None and (res.slow is not None or res.costly is not None):
+        if merged is not None:
             st.slow_batch = Batch()
             add_slow(st.slow_batch, index, merged)
             self._describe_processes(st.slow_batch, merged)
