@@ -119,6 +119,9 @@ class SignalStore:
         self._events: dict[str, EventLog] = {}
         self._current: dict[str, Batch] = {}  # source -> its latest batch
         self._attrs: dict[str, dict[str, str]] = {}
+        # Every subject with a series, a text value or attributes; None when a key came or
+        # went (rules ask for it on every tick, and subjects rarely change).
+        self._known: list[str] | None = None
         self._last_evict = -math.inf
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
         # Called with each group of events as it is added (the findings database keeps
@@ -135,7 +138,11 @@ class SignalStore:
             self._record(s, now)
         self.add_events(batch.events)
         for subject, attrs in batch.attrs.items():
-            self._attrs.setdefault(subject, {}).update(attrs)
+            known = self._attrs.get(subject)
+            if known is None:
+                known = self._attrs[subject] = {}
+                self._known = None
+            known.update(attrs)
         self._current[source] = batch
         self.version += 1
         if now - self._last_evict > 60:
@@ -148,6 +155,8 @@ class SignalStore:
         key = (s.signal, s.subject, s.labels)
         v: Value = s.value
         if isinstance(v, str) or v is None:
+            if key not in self._text:
+                self._known = None
             self._text[key] = (t, v)
             return
         series = self._series.get(key)
@@ -155,6 +164,7 @@ class SignalStore:
             series = self._series[key] = Series(self.max_points)
             self._index.setdefault((s.signal, s.subject), {})[s.labels] = series
             self._signal_subjects.clear()
+            self._known = None
         series.append(t, float(v))
 
     def add_events(self, events: Iterable[Event]) -> None:
@@ -195,6 +205,7 @@ class SignalStore:
             live.update(batch.attrs)
         for subject in [s for s in self._attrs if s not in live]:
             del self._attrs[subject]
+        self._known = None
         self._last_evict = now
 
     # --- reading ---
@@ -232,8 +243,13 @@ class SignalStore:
         return dict(self._attrs.get(subject, {}))
 
     def subjects(self, kind: str | None = None) -> list[str]:
-        seen = {k[1] for k in self._series} | {k[1] for k in self._text} | set(self._attrs)
-        return sorted(s for s in seen if kind is None or subject_kind(s) == kind)
+        known = self._known
+        if known is None:
+            seen = {k[1] for k in self._series} | {k[1] for k in self._text} | set(self._attrs)
+            known = self._known = sorted(seen)
+        if kind is None:
+            return list(known)
+        return [s for s in known if subject_kind(s) == kind]
 
     def signal_subjects(self, signal: str) -> list[str]:
         """Subjects that have at least one series of the signal."""
