@@ -31,6 +31,7 @@ from moptd.serving.spec import Managed
 log = logging.getLogger(__name__)
 
 LOG_FILE_MAX = 16 << 20  # the on-disk copy rotates to .1 at this size
+STOP_SETTLE = 2.0  # seconds stop() lets the supervision loop finish before cancelling it
 
 Publish = Callable[[list[Event]], None]
 
@@ -89,6 +90,9 @@ class Supervisor:
         self._wake.set()
         await self._terminate()
         if self._task is not None:
+            # The loop ends by itself once the watcher has seen the pipe close and
+            # published the exit; cancelled before that, the exit event was lost.
+            await asyncio.wait({self._task}, timeout=STOP_SETTLE)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
