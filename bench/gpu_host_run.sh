@@ -30,10 +30,10 @@ echo "gpu tests rc=$?" >>"$R/gpu_tests.log"
 log "NVML cost, side by side"
 python3 bench/nvml_cost.py --out "$R/nvml_cost.json" >"$R/nvml_cost.txt" 2>&1
 
-if [ -f .whl/_nvml_old.py ]; then
-    log "older collector against the current one"
-    python3 bench/nvml_collector_compare.py --old .whl/_nvml_old.py \
-        --label-old "thread per GPU" --label-new "shared thread" \
+if [ -f .whl/_nvml_prev.py ]; then
+    log "previous collector against the current one"
+    python3 bench/nvml_collector_compare.py --old .whl/_nvml_prev.py \
+        --label-old "previous (3426b45)" --label-new "current" \
         >"$R/collector_compare.txt" 2>&1
 fi
 

@@ -8,7 +8,8 @@ In one run, side by side, it measures CPU seconds (user + system, of this proces
 any subprocess) per GPU sample for:
 
 - moptd's collector per tick, fast tier only, and amortised over the default cadence
-  (one tick a second; slow every 5 s, costly every 30 s, static every 300 s);
+  (one tick a second; slow every 5 s, costly every 10 s, static every 300 s), ticks 20 ms
+  apart (bench/nvml_ticks.py);
 - a bare loop over the backend's tier reads (the NVML calls without the collector);
 - ``nvidia-smi --query-gpu=<the same fields> --format=csv`` (a subprocess per sample);
 - ``nvidia-smi -q -x``;
@@ -23,7 +24,6 @@ stays under 3 minutes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
 import resource
@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moptd.clock import VirtualClock
-from moptd.collectors.base import CollectorContext
+from nvml_ticks import spaced_cost, tick_cost
+
 from moptd.collectors.nvml import NvmlCollector
 from moptd.collectors.nvml_backend import NvmlBackend
 
@@ -59,6 +59,7 @@ QUERY_FIELDS = [
 ]  # fmt: skip
 
 
+SPACING = 0.02  # seconds between ticks, for every row measured "on the tick grid"
 AMORTISED = "moptd collector, amortised (1 s tick; slow 5 s, costly 10 s, static 300 s)"
 
 
@@ -93,35 +94,11 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def collector_cost(ngpus: int, fast_only: bool, n_rounds: int, ticks: int) -> list[float]:
-    # The clock is virtual (1 s a tick, ticks 5 ms apart): a deadline on it would count
-    # a multi-tier read still running after two ticks as a hang.
-    opts: dict[str, Any] = {"backend": "live", "xid_events": False, "gpu_deadline": 1e9}
-    if fast_only:
-        opts.update(slow_interval=1e12, costly_interval=1e12, static_interval=1e12)
-    clock = VirtualClock(time.time())
-    c = NvmlCollector(CollectorContext(options=opts, clock=clock))
-
-    async def run() -> list[float]:
-        await c.start()
-        await c.collect()  # the first tick reads every tier; not counted
-        # Ticks are spaced as in the daemon (a sleep between them, so each read finishes
-        # before the next tick harvests it); the sleeps' own cost is measured and taken off.
-        c0 = cpu_now()
-        for _ in range(ticks):
-            await asyncio.sleep(0.005)
-        sleep_cost = cpu_now() - c0
-        out = []
-        for _ in range(n_rounds):
-            c0 = cpu_now()
-            for _ in range(ticks):
-                clock.advance(1.0)
-                await c.collect()
-                await asyncio.sleep(0.005)
-            out.append((cpu_now() - c0 - sleep_cost) / (ticks * ngpus))
-        await c.stop()
-        return out
-
-    return asyncio.run(run())
+    """Per GPU, ticks 20 ms apart (nvml_ticks.py)."""
+    per_tick = tick_cost(
+        NvmlCollector, fast_only=fast_only, spacing=SPACING, ticks=ticks, rounds=n_rounds
+    )
+    return [c / ngpus for c in per_tick]
 
 
 def bare_cost(backend: NvmlBackend, n_rounds: int) -> dict[str, list[float]]:
@@ -208,15 +185,25 @@ def subprocess_cost(argv: list[str], n: int, ngpus: int) -> list[float]:
     return rounds(once, n, 1, ngpus)
 
 
-def gpustat_cost(n: int, ngpus: int) -> list[float] | str:
+def spaced(fn: Callable[[], None], n_rounds: int, ngpus: int) -> list[float]:
+    """Per GPU, one call per tick on the collector's tick grid (nvml_ticks.py)."""
+    per_call = spaced_cost(fn, spacing=SPACING, ticks=50, rounds=n_rounds)
+    return [c / ngpus for c in per_call]
+
+
+def gpustat_cost(n: int, ngpus: int, on_grid: bool) -> list[float] | str:
     try:
         from gpustat import GPUStatCollection
     except ImportError as exc:
         return f"gpustat not importable: {str(exc).strip().splitlines()[-1]}"
-    return rounds(lambda: GPUStatCollection.new_query(), n, 1, ngpus)
+
+    def once() -> None:
+        GPUStatCollection.new_query()
+
+    return spaced(once, n, ngpus) if on_grid else rounds(once, n, 1, ngpus)
 
 
-def nvitop_cost(n: int, ngpus: int) -> list[float] | str:
+def nvitop_cost(n: int, ngpus: int, on_grid: bool) -> list[float] | str:
     try:
         from nvitop import Device
     except ImportError as exc:
@@ -229,7 +216,7 @@ def nvitop_cost(n: int, ngpus: int) -> list[float] | str:
             read_nvitop_fields(d)
             d.pcie_link_generation() if hasattr(d, "pcie_link_generation") else None
 
-    return rounds(once, n, 1, ngpus)
+    return spaced(once, n, ngpus) if on_grid else rounds(once, n, 1, ngpus)
 
 
 def main() -> int:
@@ -254,12 +241,19 @@ def main() -> int:
     }
     calls = per_call_table(backend)
     bare = bare_cost(backend, n)
+
+    def bare_fast() -> None:
+        for i in range(ngpus):
+            backend.read_fast(i)
+
+    bare_spaced = spaced(bare_fast, n, ngpus)
     backend.shutdown()
 
     rows: dict[str, list[float] | str] = {
-        "moptd collector, fast tier only": collector_cost(ngpus, True, n, 100),
+        "moptd collector, fast tier only": collector_cost(ngpus, True, n, 50),
         AMORTISED: collector_cost(ngpus, False, max(2, n // 5), 300),
-        "bare backend reads, fast tier": bare["fast"],
+        "bare backend reads, fast tier, on the same tick grid": bare_spaced,
+        "bare backend reads, fast tier, back to back": bare["fast"],
         "bare backend reads, amortised": bare["amortised"],
         "bare backend reads, slow tier": bare["slow"],
         "bare backend reads, costly tier": bare["costly"],
@@ -270,8 +264,10 @@ def main() -> int:
         ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv"], n, ngpus
     )
     rows["nvidia-smi -q -x"] = subprocess_cost(["nvidia-smi", "-q", "-x"], max(3, n // 3), ngpus)
-    rows["gpustat GPUStatCollection.new_query()"] = gpustat_cost(n, ngpus)
-    rows["nvitop Device.all() + fields"] = nvitop_cost(n, ngpus)
+    rows["gpustat GPUStatCollection.new_query(), back to back"] = gpustat_cost(n, ngpus, False)
+    rows["gpustat GPUStatCollection.new_query(), on the tick grid"] = gpustat_cost(n, ngpus, True)
+    rows["nvitop Device.all() + fields, back to back"] = nvitop_cost(n, ngpus, False)
+    rows["nvitop Device.all() + fields, on the tick grid"] = nvitop_cost(n, ngpus, True)
 
     base = statistics.median(rows[AMORTISED])  # type: ignore[arg-type]
     table = {}
