@@ -10,7 +10,7 @@ to the next branch, and a rule that reaches no verdict with unknowns on the way 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -102,7 +102,13 @@ def evaluate(
     store: SignalStore,
     now: float,
     missing: frozenset[str] = frozenset(),
+    traced: Callable[[str, str], bool] | None = None,
 ) -> list[Result]:
+    """Every enabled rule on every subject of its scope. A match carries its decision path
+    (res.steps); so does a result for which `traced(rule id, subject)` is true (a finding
+    still open after its rule stopped matching). The others carry none: recording every
+    condition of every rule on every tick cost a third of the tick, and only `explain`
+    and the findings read it."""
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
@@ -117,14 +123,19 @@ def evaluate(
                 for subject, pci in subjects_for(rule.scope, store)
             ]
         for env in scope_envs:
-            out.append(evaluate_one(rule, env))
+            res = evaluate_one(rule, env, trace=False)
+            if res.status == "match" or (traced is not None and traced(rule.id, env.subject)):
+                res = evaluate_one(rule, env)  # again, recording the path (reads are memoised)
+            out.append(res)
     return out
 
 
-def evaluate_one(rule: Rule, env: Env) -> Result:
+def evaluate_one(rule: Rule, env: Env, trace: bool = True) -> Result:
+    """One rule on one subject; without `trace`, a result without steps, and a match
+    without its evidence, summary and actions."""
     res = Result(rule, env.subject, "ok", pci_bus_id=env.pci_bus_id)
     try:
-        verdict = _walk(rule.branches, env, res, rule.id)
+        verdict = (_walk if trace else _decide)(rule.branches, env, res, rule.id)
     except _Healthy:
         env.trace = None
         return res  # an explicit "healthy" leaf outweighs earlier unknowns
@@ -133,6 +144,8 @@ def evaluate_one(rule: Rule, env: Env) -> Result:
         return res
     res.status = "match"
     res.verdict = verdict
+    if not trace:
+        return res
     env.trace = None
     for name, ex in (*rule.evidence, *verdict.evidence):
         res.evidence[name] = _value(ex, env)
@@ -167,6 +180,31 @@ def _walk(branches: tuple[Branch, ...], env: Env, res: Result, prefix: str) -> V
         if b.ok is not None:
             raise _Healthy
         found = _walk(b.children, env, res, node)
+        if found is not None:
+            return found
+        res.path.pop()
+    return None
+
+
+def _decide(branches: tuple[Branch, ...], env: Env, res: Result, prefix: str) -> Verdict | None:
+    """_walk without its record of every condition tried (res.steps)."""
+    for b in branches:
+        if b.cond is None:
+            value: bool | None = True
+        else:
+            value = truth(b.cond(env))
+            if value is None:
+                res.unknown.append(f"{prefix}/{b.id}: {b.cond.text}")
+                continue
+        if not value:
+            continue
+        node = f"{prefix}/{b.id}"
+        res.path.append(node)
+        if b.verdict is not None:
+            return b.verdict
+        if b.ok is not None:
+            raise _Healthy
+        found = _decide(b.children, env, res, node)
         if found is not None:
             return found
         res.path.pop()

@@ -52,7 +52,14 @@ class RuleService:
 
     def tick(self, now: float | None = None) -> list[Transition]:
         t = self.clock.now() if now is None else now
-        self.last_results = evaluate(self.ruleset, self.store, t, self.missing)
+        open_findings = self.lifecycle.findings
+        self.last_results = evaluate(
+            self.ruleset,
+            self.store,
+            t,
+            self.missing,
+            traced=lambda rule, subject: (rule, subject) in open_findings,
+        )
         transitions = self.lifecycle.update(self.last_results, t)
         for tr in transitions:
             log.info("finding %s %s on %s: %s -> %s", tr.rule, tr.code, tr.subject, tr.old, tr.new)
