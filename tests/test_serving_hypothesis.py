@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -152,3 +153,9 @@ def test_bundle_files_take_any_text(
     else:
         return
     assert where.startswith(str(d))
+
+
+def test_unclosed_quote_in_a_command_is_a_spec_error() -> None:
+    # found by test_managed_spec_takes_any_mapping: shlex's ValueError escaped the parser
+    with pytest.raises(SpecError, match="command"):
+        parse_managed({"name": "main", "command": "vllm serve 'model"})

@@ -200,7 +200,10 @@ def parse_managed(raw: Any, where: str = "collectors.serving.managed") -> Manage
     if isinstance(cmd, str):
         import shlex
 
-        cmd = shlex.split(cmd)
+        try:
+            cmd = shlex.split(cmd)
+        except ValueError as exc:  # an unclosed quote
+            raise SpecError(f"{where}.command", f"cannot split the command line: {exc}") from None
     if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
         raise SpecError(f"{where}.command", "must be a command line: a string or a list")
     env = raw.get("env", {})
