@@ -77,3 +77,17 @@ def test_a_hung_call_does_not_keep_the_process_from_exiting() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "exiting"
     assert time.monotonic() - t0 < 20
+
+
+def test_a_failing_posted_call_is_logged_and_the_thread_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = Worker("test-worker")
+
+    def fail() -> None:
+        raise RuntimeError("boom")
+
+    w.post(fail)
+    assert w.submit(lambda: "still here").result(timeout=5) == "still here"
+    assert "a posted call failed" in caplog.text
+    w.shutdown()

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Worker:
@@ -34,7 +36,7 @@ class Worker:
 
     def post(self, fn: Callable[..., object], *args: Any) -> None:
         """Run fn(*args) on the thread with no future to report through: fn hands its
-        results over itself (and must not raise)."""
+        results over itself (an exception is only logged)."""
         self._queue.put((None, functools.partial(fn, *args)))
 
     def shutdown(self) -> None:
@@ -46,7 +48,10 @@ class Worker:
         while (item := self._queue.get()) is not None:
             fut, call = item
             if fut is None:
-                call()
+                try:
+                    call()
+                except Exception:  # nobody to hand it to; the thread must go on
+                    log.exception("%s: a posted call failed", self._thread.name)
                 continue
             if not fut.set_running_or_notify_cancel():
                 continue
