@@ -371,3 +371,21 @@ async def test_exporter_renders_the_collector_output(tmp_path: Path):
     assert [g for g, _ in labels] == ["0", "1"]
     assert all(u.startswith("GPU-") for _, u in labels)
     assert "moptd_gpu_clock_event_seconds" in families  # counters drop _total in the family
+
+
+async def test_stop_waits_for_the_xid_thread_before_shutting_down() -> None:
+    # NVML frees the event set in shutdown(); the Xid thread must be out of its wait first
+    c = NvmlCollector(
+        CollectorContext(
+            options={"backend": "recorded", "recording": str(RECORDING), "xid_events": True}
+        )
+    )
+    await c.start()
+    await c.collect()
+    xid = c._xid_thread
+    assert xid is not None
+    assert xid.is_alive()
+    t0 = time.monotonic()
+    await c.stop()
+    assert not xid.is_alive()
+    assert time.monotonic() - t0 < 0.9  # the recorded wait is woken, not waited out

@@ -179,6 +179,11 @@ class GpuBackend(Protocol):
         """Block up to timeout_ms for Xid events; returns (gpu index, xid) pairs."""
         ...
 
+    def stop_waiting(self) -> None:
+        """Make a wait_xid under way return soon, where the source allows it (NVML's
+        event wait cannot be interrupted: it returns within its timeout)."""
+        ...
+
 
 def split_costly(r: SlowReading) -> tuple[SlowReading, SlowReading]:
     """(the slow tier's part, the costly tier's part) of one full SlowReading."""

@@ -48,6 +48,7 @@ from moptd.observations import Batch, Event, Sample, gpu_subject
 log = logging.getLogger(__name__)
 
 NVML_ERROR_TIMEOUT = 10
+XID_WAIT_MS = 1000  # how long one Xid wait blocks; stop() waits this long at most
 NVML_ERROR_UNKNOWN = 999
 DRIVER_SIGNS = (Path("/dev/nvidiactl"),)
 TIERS = ("static", "fast", "slow", "costly")
@@ -212,11 +213,21 @@ class NvmlCollector(Collector):
         if self._shared is not None:
             self._shared.shutdown()
             self._shared = None
+        if self._xid_thread is not None:
+            # The Xid thread must be out of its wait before NVML frees the event set under
+            # it; the wait returns within XID_WAIT_MS (or at once, where it can be woken).
+            if self.backend is not None:
+                self.backend.stop_waiting()
+            await asyncio.to_thread(self._xid_thread.join, XID_WAIT_MS / 1000 + 1.0)
+            if self._xid_thread.is_alive():
+                log.info("nvml: the Xid wait did not return")
+                hung = True
+            self._xid_thread = None
         if self.backend is not None and self._ready and not hung:
             # NVML shutdown while a call hangs could block the daemon's exit; skip it then.
             await asyncio.to_thread(self.backend.shutdown)
         elif hung:
-            log.info("nvml: a GPU call is still hanging; not shutting NVML down")
+            log.info("nvml: a call is still hanging; not shutting NVML down")
         self._ready = False
         await super().stop()
 
@@ -499,7 +510,7 @@ class NvmlCollector(Collector):
         failures = 0
         while not self._stopping.is_set():
             try:
-                pairs = backend.wait_xid(1000)
+                pairs = backend.wait_xid(XID_WAIT_MS)
             except Exception as exc:  # noqa: BLE001 - the thread must outlive NVML errors
                 failures += 1
                 if failures == 1:

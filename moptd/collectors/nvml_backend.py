@@ -481,6 +481,9 @@ class NvmlBackend:
             return []
         return [(self._index_of(data.device), int(data.eventData))]
 
+    def stop_waiting(self) -> None:
+        """nvmlEventSetWait cannot be interrupted; it returns within its timeout."""
+
     def _index_of(self, device: Any) -> int:
         try:
             return int(pynvml.nvmlDeviceGetIndex(device))

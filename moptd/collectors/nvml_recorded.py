@@ -209,6 +209,7 @@ class RecordedBackend:
         self._lock = threading.Lock()
         self._xids = list(recording.xids)
         self._closed = threading.Event()
+        self._xid_wake = threading.Event()
 
     @classmethod
     def from_file(cls, path: Path, replicate: int = 1) -> RecordedBackend:
@@ -216,9 +217,11 @@ class RecordedBackend:
 
     def init(self) -> None:
         self._closed.clear()
+        self._xid_wake.clear()
 
     def shutdown(self) -> None:
         self._closed.set()
+        self._xid_wake.set()
 
     def driver_version(self) -> str:
         return self.recording.driver_version
@@ -283,8 +286,11 @@ class RecordedBackend:
             pending, self._xids = self._xids, []
         if pending:
             return [(gpu, xid) for _, gpu, xid in pending]
-        self._closed.wait(timeout_ms / 1000.0)
+        self._xid_wake.wait(timeout_ms / 1000.0)
         return []
+
+    def stop_waiting(self) -> None:
+        self._xid_wake.set()
 
 
 # --- building a recording from real captures ---------------------------------------
