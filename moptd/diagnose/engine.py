@@ -135,7 +135,7 @@ def evaluate_one(rule: Rule, env: Env, trace: bool = True) -> Result:
     without its evidence, summary and actions."""
     res = Result(rule, env.subject, "ok", pci_bus_id=env.pci_bus_id)
     try:
-        verdict = (_walk if trace else _decide)(rule.branches, env, res, rule.id)
+        verdict = _walk(rule.branches, env, res, rule.id, trace)
     except _Healthy:
         env.trace = None
         return res  # an explicit "healthy" leaf outweighs earlier unknowns
@@ -158,41 +158,24 @@ class _Healthy(Exception):
     """An ``ok:`` leaf was reached: the walk stops with no verdict."""
 
 
-def _walk(branches: tuple[Branch, ...], env: Env, res: Result, prefix: str) -> Verdict | None:
+def _walk(
+    branches: tuple[Branch, ...], env: Env, res: Result, prefix: str, trace: bool = True
+) -> Verdict | None:
+    """The first verdict along the branches taken; res.path is the way there, res.unknown
+    the conditions that could not be decided. With `trace`, every condition tried also
+    goes into res.steps with what it read."""
     for b in branches:
-        node = f"{prefix}/{b.id}"
         if b.cond is None:
             value: bool | None = True
-            res.steps.append(Step(node, "else", True, []))
+            if trace:
+                res.steps.append(Step(f"{prefix}/{b.id}", "else", True, []))
         else:
-            env.trace = []
+            seen: list[tuple[str, object]] | None = [] if trace else None
+            env.trace = seen
             value = truth(b.cond(env))
-            res.steps.append(Step(node, b.cond.text, value, env.trace))
             env.trace = None
-            if value is None:
-                res.unknown.append(f"{node}: {b.cond.text}")
-                continue
-        if not value:
-            continue
-        res.path.append(node)
-        if b.verdict is not None:
-            return b.verdict
-        if b.ok is not None:
-            raise _Healthy
-        found = _walk(b.children, env, res, node)
-        if found is not None:
-            return found
-        res.path.pop()
-    return None
-
-
-def _decide(branches: tuple[Branch, ...], env: Env, res: Result, prefix: str) -> Verdict | None:
-    """_walk without its record of every condition tried (res.steps)."""
-    for b in branches:
-        if b.cond is None:
-            value: bool | None = True
-        else:
-            value = truth(b.cond(env))
+            if seen is not None:
+                res.steps.append(Step(f"{prefix}/{b.id}", b.cond.text, value, seen))
             if value is None:
                 res.unknown.append(f"{prefix}/{b.id}: {b.cond.text}")
                 continue
@@ -204,7 +187,7 @@ def _decide(branches: tuple[Branch, ...], env: Env, res: Result, prefix: str) ->
             return b.verdict
         if b.ok is not None:
             raise _Healthy
-        found = _decide(b.children, env, res, node)
+        found = _walk(b.children, env, res, node, trace)
         if found is not None:
             return found
         res.path.pop()
