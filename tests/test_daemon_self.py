@@ -67,3 +67,24 @@ def test_status_parser_never_raises(text):
 def test_status_lines_keep_their_number():
     text = "Name:\tmoptd\nVmRSS:\t   51234 kB\nThreads:\t7\nSigQ:\t0/63\n"
     assert parse_status_numbers(text) == "VmRSS 51234\nThreads 7"
+
+
+async def test_gc_time_comes_from_the_real_collector(tmp_path: Path):
+    import gc
+
+    from moptd.collectors.base import CollectorContext
+    from moptd.collectors.daemon_self import DaemonSelfCollector
+
+    c = DaemonSelfCollector(CollectorContext(state_dir=tmp_path))
+    await c.start()
+    try:
+        assert c.gc_clock in gc.callbacks
+        junk = [[i] for i in range(200_000)]  # a full collection has these to walk
+        gc.collect()
+        del junk
+        b = await c.collect()
+    finally:
+        await c.stop()
+    assert c.gc_clock not in gc.callbacks
+    got = {s.signal: s.value for s in b.samples}
+    assert got["daemon.gc_seconds"] > 0

@@ -122,4 +122,13 @@ SIGNALS = [
         "node",
         "moptd_daemon_tasks",
     ),
+    SignalSpec(
+        "daemon.gc_seconds",
+        "counter",
+        "seconds",
+        "Time Python's cyclic garbage collector has taken in the moptd process since the "
+        "self collector started; every thread waits while it runs.",
+        "node",
+        "moptd_daemon_gc_seconds_total",
+    ),
 ]

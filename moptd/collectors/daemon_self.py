@@ -1,4 +1,5 @@
-"""moptd's own footprint: resident memory, CPU time, open files, threads and asyncio tasks.
+"""moptd's own footprint: resident memory, CPU time, open files, threads, asyncio tasks,
+and the time Python's garbage collector has taken.
 
 A daemon on every GPU host must show that it is not the thing that grows. These are the
 figures the soak benchmark watches, exported so an operator can alert on them too.
@@ -7,11 +8,13 @@ figures the soak benchmark watches, exported so an operator can alert on them to
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import time
 from pathlib import Path
 
 from moptd.collectors import procfs
-from moptd.collectors.base import Collector, register
+from moptd.collectors.base import Collector, CollectorContext, register
 from moptd.observations import NODE, Batch
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -24,11 +27,39 @@ class DaemonSelfCollector(Collector):
     default_interval = 10.0
     default_timeout = 5.0
 
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self.gc_clock = GcClock()
+
+    async def start(self) -> None:
+        await super().start()
+        gc.callbacks.append(self.gc_clock)
+
+    async def stop(self) -> None:
+        if self.gc_clock in gc.callbacks:
+            gc.callbacks.remove(self.gc_clock)
+        await super().stop()
+
     async def collect(self) -> Batch:
         tasks = len(asyncio.all_tasks())  # on the loop: the task set is the loop's own
         batch = await self.blocking(read_self, _SELF)
         batch.add("daemon.tasks", NODE, float(tasks))
+        batch.add("daemon.gc_seconds", NODE, self.gc_clock.seconds)
         return batch
+
+
+class GcClock:
+    """A gc callback adding up the time collections take (they stop every thread)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
 
 
 def read_self(proc: Path) -> Batch:
