@@ -6,27 +6,40 @@ samples its CPU time and RSS and scrapes /metrics every --scrape-every seconds. 
 --recording the NVML collector replays a real NVML recording, replicated to --gpus GPUs,
 so an 8-GPU host can be measured on a CPU machine.
 
+--scraper picks who scrapes:
+  python      urllib from this process, a new connection per scrape (the default). Its
+              latency includes the Python client's own work, about 0.8 ms of it.
+  prometheus  a real Prometheus (Debian package `prometheus`) scraping every
+              --scrape-every seconds; the latencies are its own scrape_duration_seconds
+              for the run, which is what an operator sees on the target page.
+
     python bench/daemon_steady.py --seconds 60 --out .out/steady.json
     python bench/daemon_steady.py --recording tests/fixtures/h200/nvml_recording_h200.jsonl --gpus 8
+    python bench/daemon_steady.py --scraper prometheus --scrape-every 15 --seconds 300 \\
+        --recording tests/fixtures/h200/nvml_recording_h200.jsonl --gpus 8
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import psutil
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from percentile import pct
 
-from tests.daemon_proc import DaemonProcess
+from tests.daemon_proc import DaemonProcess, free_port
 
 
 def main() -> int:
@@ -34,6 +47,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--scrape-every", type=float, default=1.0)
+    ap.add_argument("--scraper", choices=("python", "prometheus"), default="python")
     ap.add_argument("--recording", help="NVML recording for the recorded backend")
     ap.add_argument("--gpus", type=int, default=1, help="replicate the recording to N GPUs")
     ap.add_argument("--out", help="write the figures as JSON here")
@@ -48,46 +62,112 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp), extra)
         d.start()
+        prom: Prometheus | None = None
         try:
             d.wait_metrics(timeout=30)
             proc = psutil.Process(d.proc.pid)  # type: ignore[union-attr]
+            if args.scraper == "prometheus":
+                prom = Prometheus(Path(tmp), f"127.0.0.1:{d.port}", args.scrape_every)
+                prom.wait_first_scrape()
             time.sleep(args.warmup)
             cpu0 = proc.cpu_times()
             rss_start = proc.memory_info().rss
             t0 = time.monotonic()
             scrape_ms: list[float] = []
             rss: list[int] = []
-            series = 0
             while time.monotonic() - t0 < args.seconds:
-                s0 = time.perf_counter()
-                with urllib.request.urlopen(d.url + "/metrics", timeout=5) as resp:
-                    body = resp.read()
-                scrape_ms.append((time.perf_counter() - s0) * 1000)
-                series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+                if prom is None:
+                    s0 = time.perf_counter()
+                    with urllib.request.urlopen(d.url + "/metrics", timeout=5) as resp:
+                        resp.read()
+                    scrape_ms.append((time.perf_counter() - s0) * 1000)
                 rss.append(proc.memory_info().rss)
-                time.sleep(args.scrape_every)
+                time.sleep(args.scrape_every if prom is None else 1.0)
             elapsed = time.monotonic() - t0
             cpu1 = proc.cpu_times()
+            if prom is not None:
+                scrape_ms = prom.scrape_ms(elapsed)
+            with urllib.request.urlopen(d.url + "/metrics", timeout=5) as resp:
+                body = resp.read()
+            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
         finally:
+            if prom is not None:
+                prom.stop()
             d.stop()
     cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-    result = {
+    result: dict[str, object] = {
         "gpus": args.gpus if args.recording else "live",
+        "scraper": args.scraper,
+        "scrape_every_s": args.scrape_every,
         "seconds": round(elapsed, 1),
         "cpu_percent_of_one_core": round(100 * cpu_s / elapsed, 3),
         "rss_mb_start": round(rss_start / 2**20, 1),
         "rss_mb_max": round(max(rss) / 2**20, 1),
         "rss_mb_end": round(rss[-1] / 2**20, 1),
         "scrapes": len(scrape_ms),
-        "scrape_ms_p50": round(statistics.median(scrape_ms), 2),
-        "scrape_ms_p99": round(pct(scrape_ms, 0.99), 2),
+        "scrape_ms_p50": round(statistics.median(scrape_ms), 2) if scrape_ms else None,
+        "scrape_ms_p99": round(pct(scrape_ms, 0.99), 2) if scrape_ms else None,
         "series": series,
+        "scrape_ms": [round(v, 2) for v in scrape_ms],
     }
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+class Prometheus:
+    """A real Prometheus scraping one target, its data in `tmp`."""
+
+    def __init__(self, tmp: Path, target: str, every: float) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise SystemExit("--scraper prometheus needs `prometheus` (apt install prometheus)")
+        self.target = target
+        self.port = free_port()
+        config = tmp / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": f"{every:g}s", "scrape_timeout": f"{min(every, 10):g}s"},
+            "scrape_configs": [{"job_name": "moptd", "static_configs": [{"targets": [target]}]}],
+        }))
+        self.log = (tmp / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def query(self, expr: str) -> list[dict[str, object]]:
+        query = urllib.parse.urlencode({"query": expr})
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?{query}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())["data"]["result"]  # type: ignore[no-any-return]
+
+    def wait_first_scrape(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.query('up{job="moptd"} == 1'):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit("Prometheus did not scrape moptd within 60 s")
+
+    def scrape_ms(self, seconds: float) -> list[float]:
+        """Prometheus's own scrape durations over the last `seconds`, in ms."""
+        got = self.query(f'scrape_duration_seconds{{job="moptd"}}[{int(seconds)}s]')
+        values = got[0]["values"] if got else []
+        return [1000 * float(v) for _, v in values]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
 
 
 if __name__ == "__main__":
