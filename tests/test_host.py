@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,6 +52,33 @@ def test_parsers_never_raise_on_garbage(text):
     procfs.parse_df(text)
 
 
+_KEYS = ["MemTotal", "MemAvailable", "SwapFree", "pswpin", "pswpout", "nr_free_pages"]
+_line = st.tuples(
+    st.sampled_from([*_KEYS, "Other", "pswpin:", ""]),
+    st.sampled_from([":", "", " ", "\t"]),
+    st.sampled_from([" ", "  ", "\t", ""]),
+    st.one_of(st.integers(-5, 2**50).map(str), st.sampled_from(["", "x", "1.5", "١"])),
+    st.sampled_from(["", " kB", " kB ", " 7"]),
+).map("".join)
+
+
+@given(st.lists(_line, max_size=30).map("\n".join), st.sets(st.sampled_from(_KEYS)))
+def test_reading_only_some_keys_gives_the_same_values_as_reading_all(text, keys):
+    def only(d: dict[str, int]) -> dict[str, int]:
+        return {k: v for k, v in d.items() if k in keys}
+
+    assert procfs.parse_meminfo(text, keys) == only(procfs.parse_meminfo(text))
+    assert procfs.parse_keyvalue_ints(text, keys) == only(procfs.parse_keyvalue_ints(text))
+
+
+def test_the_real_proc_files_read_selectively():
+    for name, parse in (("meminfo", procfs.parse_meminfo), ("vmstat", procfs.parse_keyvalue_ints)):
+        text = Path("/proc", name).read_text()
+        full = parse(text)
+        keys = set(list(full)[:3])
+        assert parse(text, keys) == {k: full[k] for k in keys}
+
+
 async def test_collector_on_this_host(tmp_path):
     c = HostCollector(CollectorContext(state_dir=tmp_path,
                                        global_options={"watch_paths": ("/", "/nonexistent")}))
@@ -84,4 +113,11 @@ async def test_collector_on_a_recorded_procfs(tmp_path):
     assert got["node.swap_in"] == 3 * os.sysconf("SC_PAGE_SIZE")
     assert got["node.load5"] == 0.40
     assert got["node.boot_time"] == 1795969000
+    # rewritten in place, as the kernel's files are: the next run reads the new text
+    (proc / "stat").write_text("cpu  4 0 2 13 0 0 0 0 0 0\nbtime 1795969000\n")
+    (proc / "vmstat").write_text("pswpin 5\npswpout 4\n")
+    b = await c.collect()
+    got = {s.signal: s.value for s in b.samples if not s.labels}
+    assert got["node.cpu_util"] == pytest.approx(4 / 7)
+    assert got["node.swap_in"] == 5 * os.sysconf("SC_PAGE_SIZE")
     await c.stop()

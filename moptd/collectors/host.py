@@ -13,9 +13,12 @@ from typing import ClassVar
 
 from moptd.collectors import procfs
 from moptd.collectors.base import Collector, CollectorContext, Option, register
+from moptd.collectors.procfile import OpenFiles
 from moptd.observations import NODE, Batch, labels_of
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "SwapTotal", "SwapFree"})
+_VMSTAT_KEYS = frozenset({"pswpin", "pswpout"})
 
 
 @register
@@ -30,6 +33,7 @@ class HostCollector(Collector):
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
         self._prev_cpu: tuple[float, float] | None = None
+        self._files = OpenFiles()
 
     def watched_paths(self) -> list[Path]:
         paths = [Path(p) for p in self.ctx.global_options.get("watch_paths", ())]
@@ -43,10 +47,20 @@ class HostCollector(Collector):
     async def collect(self) -> Batch:
         return await self.blocking(self._read)
 
+    async def stop(self) -> None:
+        await super().stop()
+        self._files.close()
+
+    def _optional(self, path: Path) -> str:
+        try:
+            return self._files.read(path)
+        except OSError:
+            return ""
+
     def _read(self) -> Batch:
         proc = self.ctx.procfs
         b = Batch()
-        mem = procfs.parse_meminfo((proc / "meminfo").read_text())
+        mem = procfs.parse_meminfo(self._files.read(proc / "meminfo"), _MEMINFO_KEYS)
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
         if total:
@@ -58,11 +72,11 @@ class HostCollector(Collector):
         if "SwapTotal" in mem:
             b.add("node.swap_total", NODE, float(mem["SwapTotal"]))
             b.add("node.swap_used", NODE, float(mem["SwapTotal"] - mem.get("SwapFree", 0)))
-        vmstat = procfs.parse_keyvalue_ints(_read_optional(proc / "vmstat"))
+        vmstat = procfs.parse_keyvalue_ints(self._optional(proc / "vmstat"), _VMSTAT_KEYS)
         for key, signal in (("pswpin", "node.swap_in"), ("pswpout", "node.swap_out")):
             if key in vmstat:
                 b.add(signal, NODE, float(vmstat[key] * PAGE_SIZE))
-        stat = (proc / "stat").read_text()
+        stat = self._files.read(proc / "stat")
         cpu = procfs.parse_cpu_times(stat)
         if cpu is not None:
             if self._prev_cpu is not None and cpu[1] > self._prev_cpu[1]:
@@ -73,11 +87,11 @@ class HostCollector(Collector):
         if btime is not None:
             b.add("node.boot_time", NODE, float(btime))
         b.add("node.cpu_count", NODE, float(os.cpu_count() or 0))
-        load = procfs.parse_loadavg(_read_optional(proc / "loadavg"))
+        load = procfs.parse_loadavg(self._optional(proc / "loadavg"))
         if load is not None:
             for name, value in zip(("node.load1", "node.load5", "node.load15"), load, strict=True):
                 b.add(name, NODE, value)
-        swappiness = procfs.parse_int(_read_optional(proc / "sys/vm/swappiness"))
+        swappiness = procfs.parse_int(self._optional(proc / "sys/vm/swappiness"))
         if swappiness is not None:
             b.add("node.swappiness", NODE, float(swappiness))
         for path in self.watched_paths():
@@ -101,9 +115,3 @@ class HostCollector(Collector):
                 )
         return b
 
-
-def _read_optional(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""

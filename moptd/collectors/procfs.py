@@ -7,6 +7,7 @@ raised on, because a half-written or foreign file must not take a collector down
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 _MEMINFO_LINE = re.compile(r"^(\w[\w()]*):\s+([0-9]+)(?:\s+kB)?\s*$", re.ASCII)
 _INT = re.compile(r"-?[0-9]+")
@@ -17,10 +18,14 @@ def _int(text: str) -> int | None:
     return int(text) if _INT.fullmatch(text) else None
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo -> bytes by key (values in kB are converted)."""
+def parse_meminfo(text: str, keys: Collection[str] | None = None) -> dict[str, int]:
+    """/proc/meminfo -> bytes by key (values in kB are converted); only `keys` when given,
+    which skips the line matching for the rest (the host collector reads this every
+    second and wants four of some fifty lines)."""
     out: dict[str, int] = {}
     for line in text.splitlines():
+        if keys is not None and line.partition(":")[0].strip() not in keys:
+            continue
         m = _MEMINFO_LINE.match(line.strip())
         if m:
             value = int(m.group(2))
@@ -28,12 +33,15 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def parse_keyvalue_ints(text: str) -> dict[str, int]:
-    """/proc/vmstat and kin: 'key value' lines -> ints."""
+def parse_keyvalue_ints(text: str, keys: Collection[str] | None = None) -> dict[str, int]:
+    """/proc/vmstat and kin: 'key value' lines -> ints; only `keys` when given (vmstat has
+    some 190 lines, and parsing each number cost most of the host collector's time)."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        value = _int(parts[1]) if len(parts) == 2 else None
+        if len(parts) != 2 or (keys is not None and parts[0] not in keys):
+            continue
+        value = _int(parts[1])
         if value is not None:
             out[parts[0]] = value
     return out
