@@ -114,4 +114,3 @@ class HostCollector(Collector):
                     lab,
                 )
         return b
-
