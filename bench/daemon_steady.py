@@ -124,7 +124,6 @@ class Prometheus:
         binary = shutil.which("prometheus")
         if binary is None:
             raise SystemExit("--scraper prometheus needs `prometheus` (apt install prometheus)")
-        self.target = target
         self.port = free_port()
         config = tmp / "prometheus.yml"
         config.write_text(yaml.safe_dump({

@@ -273,7 +273,7 @@ class NvmlCollector(Collector):
                     st.pending = None
                     # and the read the next tick will report
                     # (the first read covered every tier; the next one needs only fast)
-                    again.append((index, ("fast",)))
+                    again.append((index, _FAST_ONLY))
             self._start(backend, again, now)
         done_at = self.ctx.clock.now()
         for index, st in self._gpus.items():

@@ -221,7 +221,7 @@ class RecordedBackend:
 
     def shutdown(self) -> None:
         self._closed.set()
-        self._xid_wake.set()
+        self.stop_waiting()
 
     def driver_version(self) -> str:
         return self.recording.driver_version
