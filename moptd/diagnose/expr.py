@@ -86,6 +86,8 @@ class Env:
     # Per-tick results of signal reads, shared by every rule: conditions and evidence
     # often read the same window (the cache dies with the tick, so it is never stale).
     memo: dict[tuple[object, ...], object] | None = None
+    # Every read an evaluation makes, with what it returned (the engine's Reuse).
+    reads: list[tuple[Compiled, object]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +480,8 @@ class Compiler:
                 result = plain(env) if got is None else got
             if env.trace is not None:
                 env.trace.append((label, result))
+            if env.reads is not None:
+                env.reads.append((run, result))
             return result
 
         return run
@@ -546,6 +550,8 @@ class Compiler:
                     result = memo[key] = compute(env)
             if env.trace is not None:
                 env.trace.append((label, result))
+            if env.reads is not None:
+                env.reads.append((run, result))
             return result
 
         def compute(env: Env) -> object:

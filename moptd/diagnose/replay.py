@@ -8,7 +8,7 @@ from pathlib import Path
 
 from moptd.clock import VirtualClock
 from moptd.diagnose.bundle import Timeline, read_bundle
-from moptd.diagnose.engine import Result, evaluate
+from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
 from moptd.diagnose.loader import RuleError, load_rules
 from moptd.diagnose.model import RuleSet
@@ -60,6 +60,7 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
     next_obs = next(obs, None)
     next_ev = next(events, None)
     results: list[Result] = []
+    reuse = Reuse()  # as the daemon evaluates
     for t in steps:
         clock.set(t)
         while next_obs is not None and next_obs[0] <= t:
@@ -70,7 +71,7 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
             batch.append(next_ev)
             next_ev = next(events, None)
         store.add_events(batch)
-        results = evaluate(ruleset, store, t, missing)
+        results = evaluate(ruleset, store, t, missing, reuse=reuse)
         life.update(results, t)
         for f in life.findings.values():
             if f.state != "firing":

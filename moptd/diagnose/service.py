@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from moptd.clock import Clock
-from moptd.diagnose.engine import Result, evaluate
+from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Damping, Lifecycle
 from moptd.diagnose.loader import RuleError, load_rules
 from moptd.diagnose.model import Finding, RuleSet, Transition
@@ -33,6 +33,7 @@ class RuleService:
         self.lifecycle = Lifecycle(damping)
         self.ruleset = RuleSet(())
         self.last_results: list[Result] = []
+        self.reuse = Reuse()
         self.errors = self.reload(self.rule_paths)
 
     def reload(self, paths: Sequence[str | Path] | None = None) -> list[RuleError]:
@@ -45,6 +46,7 @@ class RuleService:
                 log.error("rules not reloaded: %s", e)
             return loaded.errors
         self.ruleset = loaded.ruleset
+        self.reuse = Reuse()
         self.rule_paths = list(paths)
         self.lifecycle.drop_rules({r.id for r in self.ruleset.rules}, self.clock.now())
         log.info("loaded %d rules from %d files", len(self.ruleset.rules), len(self.ruleset.files))
@@ -59,6 +61,7 @@ class RuleService:
             t,
             self.missing,
             traced=lambda rule, subject: (rule, subject) in open_findings,
+            reuse=self.reuse,
         )
         transitions = self.lifecycle.update(self.last_results, t)
         for tr in transitions:

@@ -18,7 +18,7 @@ from typing import Any
 from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
 from moptd.diagnose.bundle import BundleError, Timeline, read_bundle
-from moptd.diagnose.engine import evaluate
+from moptd.diagnose.engine import Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
 from moptd.diagnose.loader import RuleError, line_of, load_rules, parse_yaml
 from moptd.diagnose.model import RuleSet
@@ -279,6 +279,7 @@ def _run_test(
     )
     oi = ei = 0
     missing = frozenset(tl.missing_namespaces) if "bundle" in test else frozenset()
+    reuse = Reuse()  # as the daemon evaluates
     for t in sorted(x for x in times if x <= end):
         clock.set(t)
         while oi < len(obs) and obs[oi][0] <= t:
@@ -288,7 +289,7 @@ def _run_test(
         while ei < len(events) and events[ei].t <= t:
             ei += 1
         store.add_events(events[start:ei])
-        life.update(evaluate(ruleset, store, t, missing), t)
+        life.update(evaluate(ruleset, store, t, missing, reuse=reuse), t)
     got = {
         (f.rule, f.code, f.subject): f
         for f in life.findings.values()
