@@ -52,7 +52,7 @@ def gpu_subjects(store: SignalStore) -> list[tuple[str, str | None]]:
     by_pci: dict[str, str] = {}
     out: list[tuple[str, str | None]] = []
     for s in store.subjects("gpu"):
-        pci = store.attrs(s).get("pci_bus_id")
+        pci = store.attr(s, "pci_bus_id")
         norm = normalize_pci(pci) if pci else None
         if norm is None and normalize_pci(subject_id(s)):
             norm = normalize_pci(subject_id(s))

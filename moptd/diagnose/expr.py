@@ -11,6 +11,7 @@ any other use of unknown is unknown.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 import re
@@ -705,6 +706,7 @@ def _event_keys(ev: Event) -> set[str]:
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
 
 
+@functools.lru_cache(maxsize=1024)  # every tick asks again for the same few addresses
 def normalize_pci(text: str) -> str | None:
     """``0000:3b:00`` (kernel), ``00000000:3B:00.0`` (nvidia-smi) -> ``0000:3b:00.0``."""
     m = _PCI.match(text.strip())

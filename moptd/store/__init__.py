@@ -242,6 +242,11 @@ class SignalStore:
     def attrs(self, subject: str) -> dict[str, str]:
         return dict(self._attrs.get(subject, {}))
 
+    def attr(self, subject: str, name: str) -> str | None:
+        """One attribute, without attrs()'s copy (the rule engine asks every tick)."""
+        known = self._attrs.get(subject)
+        return None if known is None else known.get(name)
+
     def subjects(self, kind: str | None = None) -> list[str]:
         known = self._known
         if known is None:
