@@ -25,21 +25,20 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from percentile import pct
 
-from tests.daemon_proc import DaemonProcess, free_port
+from tests.daemon_proc import DaemonProcess
+from tests.prometheus_proc import PrometheusProcess
 
 
 def main() -> int:
@@ -117,37 +116,26 @@ def main() -> int:
     return 0
 
 
-class Prometheus:
-    """A real Prometheus scraping one target, its data in `tmp`."""
+class Prometheus(PrometheusProcess):
+    """A real Prometheus scraping one target every `every` seconds, its data in `tmp`."""
 
     def __init__(self, tmp: Path, target: str, every: float) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise SystemExit("--scraper prometheus needs `prometheus` (apt install prometheus)")
-        self.port = free_port()
-        config = tmp / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
+        super().__init__(binary, tmp, {
             "global": {"scrape_interval": f"{every:g}s", "scrape_timeout": f"{min(every, 10):g}s"},
             "scrape_configs": [{"job_name": "moptd", "static_configs": [{"targets": [target]}]}],
-        }))
-        self.log = (tmp / "prometheus.log").open("wb")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT,
-        )
+        })
 
-    def query(self, expr: str) -> list[dict[str, object]]:
-        query = urllib.parse.urlencode({"query": expr})
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?{query}"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return json.loads(resp.read())["data"]["result"]  # type: ignore[no-any-return]
+    def results(self, expr: str) -> list[dict[str, Any]]:
+        return list(self.query(expr)["data"]["result"])
 
     def wait_first_scrape(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if self.query('up{job="moptd"} == 1'):
+                if self.results('up{job="moptd"} == 1'):
                     return
             except OSError:
                 pass
@@ -156,17 +144,9 @@ class Prometheus:
 
     def scrape_ms(self, seconds: float) -> list[float]:
         """Prometheus's own scrape durations over the last `seconds`, in ms."""
-        got = self.query(f'scrape_duration_seconds{{job="moptd"}}[{int(seconds)}s]')
+        got = self.results(f'scrape_duration_seconds{{job="moptd"}}[{int(seconds)}s]')
         values = got[0]["values"] if got else []
-        return [1000 * float(v) for _, v in values]  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        return [1000 * float(v) for _, v in values]
 
 
 if __name__ == "__main__":

@@ -10,15 +10,11 @@ NVML backend so the GPU panels are checked too.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +23,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.daemon_proc import free_port
+from tests.prometheus_proc import PrometheusProcess
 
 from .conftest import REPO, require_tool
 
@@ -51,17 +50,6 @@ def load_generator():
 gen = load_generator()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return json.loads(resp.read())
-
-
 def wait_for(what: str, probe, timeout: float, interval: float = 0.5):
     deadline = time.monotonic() + timeout
     last: object = None
@@ -81,21 +69,17 @@ def wait_for(what: str, probe, timeout: float, interval: float = 0.5):
 class Stack:
     moptd_target: str
     dead_target: str
-    prom: str
+    prometheus: PrometheusProcess
     tmp: Path
 
     def query(self, expr: str) -> dict[str, Any]:
-        url = f"{self.prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            return dict(get_json(url))
-        except urllib.error.HTTPError as exc:  # 400 on a PromQL error: return its body
-            return dict(json.loads(exc.read()))
+        return self.prometheus.query(expr)
 
     def alerts(self) -> list[dict[str, Any]]:
-        return list(get_json(f"{self.prom}/api/v1/alerts")["data"]["alerts"])
+        return list(self.prometheus.api("alerts")["data"]["alerts"])
 
     def rules(self) -> list[dict[str, Any]]:
-        groups = get_json(f"{self.prom}/api/v1/rules")["data"]["groups"]
+        groups = self.prometheus.api("rules")["data"]["groups"]
         return [r for g in groups for r in g["rules"]]
 
 
@@ -131,7 +115,7 @@ def gpu_stack(tmp_path_factory) -> Iterator[Stack]:
 
 def run_stack(tmp: Path, extra_config: str) -> Iterator[Stack]:
     prometheus = require_tool("prometheus")
-    port, dead, prom_port = free_port(), free_port(), free_port()
+    port, dead = free_port(), free_port()
     config = tmp / "moptd.yaml"
     config.write_text(
         f"state_dir: {tmp / 'state'}\n"
@@ -139,24 +123,7 @@ def run_stack(tmp: Path, extra_config: str) -> Iterator[Stack]:
         f"exporter:\n  listen: 127.0.0.1:{port}\n" + extra_config,
         encoding="utf-8",
     )
-    prom_config = tmp / "prometheus.yml"
-    prom_config.write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(RULES)],
-                "scrape_configs": [
-                    {
-                        "job_name": "moptd",
-                        "static_configs": [{"targets": [f"127.0.0.1:{port}", f"127.0.0.1:{dead}"]}],
-                    }
-                ],
-            }
-        ),
-        encoding="utf-8",
-    )
     moptd_log = (tmp / "moptd.log").open("wb")
-    prom_log = (tmp / "prometheus.log").open("wb")
     moptd = subprocess.Popen(
         [sys.executable, "-m", "moptd", "run", "--config", str(config)],
         cwd=REPO,
@@ -164,25 +131,23 @@ def run_stack(tmp: Path, extra_config: str) -> Iterator[Stack]:
         stderr=subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")},
     )
-    prom = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={prom_config}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-            "--log.level=warn",
-        ],
-        cwd=tmp,
-        stdout=prom_log,
-        stderr=subprocess.STDOUT,
+    prom = PrometheusProcess(
+        prometheus,
+        tmp,
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {
+                    "job_name": "moptd",
+                    "static_configs": [{"targets": [f"127.0.0.1:{port}", f"127.0.0.1:{dead}"]}],
+                }
+            ],
+        },
     )
-    s = Stack(f"127.0.0.1:{port}", f"127.0.0.1:{dead}", f"http://127.0.0.1:{prom_port}", tmp)
+    s = Stack(f"127.0.0.1:{port}", f"127.0.0.1:{dead}", prom, tmp)
     try:
-        wait_for(
-            "Prometheus to be ready",
-            lambda: urllib.request.urlopen(f"{s.prom}/-/ready", timeout=2).status == 200,
-            60,
-        )
+        wait_for("Prometheus to be ready", prom.ready, 60)
 
         def scraped() -> bool:
             result = s.query(f'up{{job="moptd", instance="{s.moptd_target}"}} == 1')
@@ -193,10 +158,9 @@ def run_stack(tmp: Path, extra_config: str) -> Iterator[Stack]:
         time.sleep(8)
         yield s
     finally:
-        stop(prom)
+        prom.stop()
         stop(moptd)
         moptd_log.close()
-        prom_log.close()
 
 
 def substitute(expr: str, stack: Stack) -> str:
