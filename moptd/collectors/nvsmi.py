@@ -308,115 +308,13 @@ def parse_text(text: str, path: Path | str = "<text>") -> NvsmiDump:
     dump.cuda_version = _first(header, "cuda version")
     dump.timestamp = _timestamp(_first(header, "timestamp"))
     for index, gpu in enumerate(gpus):
-        dump.gpus.append(_text_gpu(index, gpu, dump))
+        dump.gpus.append(_gpu(index, gpu, dump, _TEXT))
     return dump
 
 
 def _first(node: _Node, key: str) -> str:
     n = node.child(key)
     return n.value.strip() if n is not None else ""
-
-
-def _text_gpu(index: int, root: _Node, dump: NvsmiDump) -> NvsmiGpu:
-    r = _Reader(root, dump.problems)
-    mhz = _scaled(1e6)
-    pct = _scaled(0.01)
-    static = StaticReading(
-        index=index,
-        uuid=r.text("gpu uuid"),
-        pci_bus_id=normalise_pci_bus_id(r.text("pci/bus id") or root.value),
-        name=r.text("product name"),
-        serial=r.text("serial number"),
-        vbios=r.text("vbios version"),
-        driver_version=dump.driver_version,
-        sm_clock_max=r.get(mhz, "max clocks/sm"),
-        mem_clock_max=r.get(mhz, "max clocks/memory"),
-        power_limit=r.get(
-            _number,
-            "gpu power readings/current power limit",
-            "power readings/enforced power limit",
-            "power readings/current power limit",
-        ),
-        power_limit_default=r.get(
-            _number, "gpu power readings/default power limit", "power readings/default power limit"
-        ),
-        pcie_link_gen_max=r.get(_number, "pci/gpu link info/pcie generation/max"),
-        pcie_link_width_max=r.get(_number, "pci/gpu link info/link width/max"),
-        ecc_enabled=r.get(_flag, "ecc mode/current"),
-        ecc_pending=r.get(_flag, "ecc mode/pending"),
-        persistence_mode=r.get(_flag, "persistence mode"),
-        compute_mode=r.get(_compute_mode, "compute mode"),
-        mig_mode=r.get(_flag, "mig mode/current"),
-    )
-    reasons = _reasons(
-        root.child("clocks event reasons") or root.child("clocks throttle reasons"),
-        _REASON_BITS_TEXT,
-    )
-    fast = FastReading(
-        util=r.get(pct, "utilization/gpu"),
-        mem_util=r.get(pct, "utilization/memory"),
-        memory_total=r.get(_memory, "fb memory usage/total"),
-        memory_used=r.get(_memory, "fb memory usage/used"),
-        memory_free=r.get(_memory, "fb memory usage/free"),
-        memory_reserved=r.get(_memory, "fb memory usage/reserved"),
-        temperature=r.get(_number, "temperature/gpu current temp"),
-        power=r.get(
-            _number,
-            "gpu power readings/average power draw",
-            "gpu power readings/power draw",
-            "power readings/power draw",
-            "gpu power readings/instantaneous power draw",
-        ),
-        sm_clock=r.get(mhz, "clocks/sm"),
-        mem_clock=r.get(mhz, "clocks/memory"),
-        pstate=r.get(_pstate, "performance state"),
-        clock_event_reasons=reasons,
-    )
-    counters = root.child("clocks event reasons counters") or root.child(
-        "clocks throttle reasons counters"
-    )
-    cet: dict[str, float] = {}
-    for c in counters.children if counters else []:
-        name = _COUNTERS_TEXT.get(c.key)
-        v = _safe(r, c, _scaled(1e-6))
-        if name and v is not None:
-            cet[name] = v
-    vol = _ecc_sums(root.find("ecc errors/volatile"))
-    agg = _ecc_sums(root.find("ecc errors/aggregate"))
-    slow = SlowReading(
-        memory_temperature=r.get(_number, "temperature/memory current temp"),
-        bar1_total=r.get(_memory, "bar1 memory usage/total"),
-        bar1_used=r.get(_memory, "bar1 memory usage/used"),
-        clock_event_time=cet,
-        pcie_link_gen=r.get(_number, "pci/gpu link info/pcie generation/current"),
-        pcie_link_width=r.get(_number, "pci/gpu link info/link width/current"),
-        pcie_replays=r.get(_number, "pci/replays since reset"),
-        ecc_volatile_corrected=vol[0],
-        ecc_volatile_uncorrected=vol[1],
-        ecc_aggregate_corrected=agg[0],
-        ecc_aggregate_uncorrected=agg[1],
-        retired_pages_sbe=r.get(
-            _number, "retired pages/single bit ecc", "retired pages/single bit ecc/retired count"
-        ),
-        retired_pages_dbe=r.get(
-            _number, "retired pages/double bit ecc", "retired pages/double bit ecc/retired count"
-        ),
-        retired_pages_pending=r.get(
-            _flag, "retired pages/pending page blacklist", "retired pages/pending page retirement"
-        ),
-        remapped_rows_correctable=r.get(_number, "remapped rows/correctable error"),
-        remapped_rows_uncorrectable=r.get(_number, "remapped rows/uncorrectable error"),
-        remap_pending=r.get(_flag, "remapped rows/pending"),
-        remap_failure=r.get(_flag, "remapped rows/remapping failure occurred"),
-        recovery_action=_recovery_of(
-            r,
-            "gpu recovery action",
-            "gpu reset status/reset required",
-            "gpu reset status/drain and reset recommended",
-        ),
-        processes=_text_processes(root.child("processes"), r),
-    )
-    return NvsmiGpu(static, fast, slow)
 
 
 def _safe(r: _Reader, n: _Node, conv: Callable[[str], float | None]) -> float | None:
@@ -576,112 +474,9 @@ def parse_xml(text: str, path: Path | str = "<xml>") -> NvsmiDump:
     for el in root.findall("gpu"):
         node = _tree(el)
         node.value = el.get("id", "")
-        dump.gpus.append(_xml_gpu(index, node, dump))
+        dump.gpus.append(_gpu(index, node, dump, _XML))
         index += 1
     return dump
-
-
-def _xml_gpu(index: int, root: _Node, dump: NvsmiDump) -> NvsmiGpu:
-    r = _Reader(root, dump.problems)
-    mhz = _scaled(1e6)
-    pct = _scaled(0.01)
-    static = StaticReading(
-        index=index,
-        uuid=r.text("uuid"),
-        pci_bus_id=normalise_pci_bus_id(r.text("pci/pci_bus_id") or root.value),
-        name=r.text("product_name"),
-        serial=r.text("serial"),
-        vbios=r.text("vbios_version"),
-        driver_version=dump.driver_version,
-        sm_clock_max=r.get(mhz, "max_clocks/sm_clock"),
-        mem_clock_max=r.get(mhz, "max_clocks/mem_clock"),
-        power_limit=r.get(
-            _number,
-            "gpu_power_readings/current_power_limit",
-            "power_readings/enforced_power_limit",
-            "power_readings/current_power_limit",
-        ),
-        power_limit_default=r.get(
-            _number, "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"
-        ),
-        pcie_link_gen_max=r.get(_number, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
-        pcie_link_width_max=r.get(_number, "pci/pci_gpu_link_info/link_widths/max_link_width"),
-        ecc_enabled=r.get(_flag, "ecc_mode/current_ecc"),
-        ecc_pending=r.get(_flag, "ecc_mode/pending_ecc"),
-        persistence_mode=r.get(_flag, "persistence_mode"),
-        compute_mode=r.get(_compute_mode, "compute_mode"),
-        mig_mode=r.get(_flag, "mig_mode/current_mig"),
-    )
-    reasons = _reasons(
-        root.child("clocks_event_reasons") or root.child("clocks_throttle_reasons"),
-        _REASON_BITS_XML,
-    )
-    fast = FastReading(
-        util=r.get(pct, "utilization/gpu_util"),
-        mem_util=r.get(pct, "utilization/memory_util"),
-        memory_total=r.get(_memory, "fb_memory_usage/total"),
-        memory_used=r.get(_memory, "fb_memory_usage/used"),
-        memory_free=r.get(_memory, "fb_memory_usage/free"),
-        memory_reserved=r.get(_memory, "fb_memory_usage/reserved"),
-        temperature=r.get(_number, "temperature/gpu_temp"),
-        power=r.get(
-            _number,
-            "gpu_power_readings/average_power_draw",
-            "gpu_power_readings/power_draw",
-            "power_readings/power_draw",
-            "gpu_power_readings/instant_power_draw",
-        ),
-        sm_clock=r.get(mhz, "clocks/sm_clock"),
-        mem_clock=r.get(mhz, "clocks/mem_clock"),
-        pstate=r.get(_pstate, "performance_state"),
-        clock_event_reasons=reasons,
-    )
-    cet: dict[str, float] = {}
-    counters = root.child("clocks_event_reasons_counters") or root.child(
-        "clocks_throttle_reasons_counters"
-    )
-    for c in counters.children if counters else []:
-        key = c.key.removeprefix("clocks_event_reasons_counters_").removeprefix(
-            "clocks_throttle_reasons_counters_"
-        )
-        name = _COUNTERS_XML.get(key)
-        v = _safe(r, c, _scaled(1e-6)) if c.value.lower() not in _NA else None
-        if name and v is not None:
-            cet[name] = v
-    vol = _ecc_sums(root.find("ecc_errors/volatile"))
-    agg = _ecc_sums(root.find("ecc_errors/aggregate"))
-    slow = SlowReading(
-        memory_temperature=r.get(_number, "temperature/memory_temp"),
-        bar1_total=r.get(_memory, "bar1_memory_usage/total"),
-        bar1_used=r.get(_memory, "bar1_memory_usage/used"),
-        clock_event_time=cet,
-        pcie_link_gen=r.get(_number, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
-        pcie_link_width=r.get(_number, "pci/pci_gpu_link_info/link_widths/current_link_width"),
-        pcie_replays=r.get(_number, "pci/replay_counter"),
-        ecc_volatile_corrected=vol[0],
-        ecc_volatile_uncorrected=vol[1],
-        ecc_aggregate_corrected=agg[0],
-        ecc_aggregate_uncorrected=agg[1],
-        retired_pages_sbe=r.get(
-            _number, "retired_pages/multiple_single_bit_retirement/retired_count"
-        ),
-        retired_pages_dbe=r.get(_number, "retired_pages/double_bit_retirement/retired_count"),
-        retired_pages_pending=r.get(
-            _flag, "retired_pages/pending_blacklist", "retired_pages/pending_retirement"
-        ),
-        remapped_rows_correctable=r.get(_number, "remapped_rows/remapped_row_corr"),
-        remapped_rows_uncorrectable=r.get(_number, "remapped_rows/remapped_row_unc"),
-        remap_pending=r.get(_flag, "remapped_rows/remapped_row_pending"),
-        remap_failure=r.get(_flag, "remapped_rows/remapped_row_failure"),
-        recovery_action=_recovery_of(
-            r,
-            "gpu_recovery_action",
-            "gpu_reset_status/reset_required",
-            "gpu_reset_status/drain_and_reset_recommended",
-        ),
-        processes=_xml_processes(root.child("processes"), r),
-    )
-    return NvsmiGpu(static, fast, slow)
 
 
 def _xml_processes(section: _Node | None, r: _Reader) -> tuple[ProcessReading, ...]:
@@ -703,6 +498,251 @@ def _xml_processes(section: _Node | None, r: _Reader) -> tuple[ProcessReading, .
             )
         )
     return tuple(out)
+
+
+# --- one GPU's readings, in either format ---------------------------------------------
+
+_MHZ = _scaled(1e6)
+_PCT = _scaled(0.01)
+_Paths = tuple[str, ...]
+# Reading field -> (converter, paths in the text dump, paths in the XML dump); the first
+# path found wins. Names differ across driver branches, hence the alternatives.
+_VALUES: dict[str, tuple[Callable[[str], float | None], _Paths, _Paths]] = {
+    "sm_clock_max": (_MHZ, ("max clocks/sm",), ("max_clocks/sm_clock",)),
+    "mem_clock_max": (_MHZ, ("max clocks/memory",), ("max_clocks/mem_clock",)),
+    "power_limit": (
+        _number,
+        (
+            "gpu power readings/current power limit",
+            "power readings/enforced power limit",
+            "power readings/current power limit",
+        ),
+        (
+            "gpu_power_readings/current_power_limit",
+            "power_readings/enforced_power_limit",
+            "power_readings/current_power_limit",
+        ),
+    ),
+    "power_limit_default": (
+        _number,
+        ("gpu power readings/default power limit", "power readings/default power limit"),
+        ("gpu_power_readings/default_power_limit", "power_readings/default_power_limit"),
+    ),
+    "pcie_link_gen_max": (
+        _number,
+        ("pci/gpu link info/pcie generation/max",),
+        ("pci/pci_gpu_link_info/pcie_gen/max_link_gen",),
+    ),
+    "pcie_link_width_max": (
+        _number,
+        ("pci/gpu link info/link width/max",),
+        ("pci/pci_gpu_link_info/link_widths/max_link_width",),
+    ),
+    "ecc_enabled": (_flag, ("ecc mode/current",), ("ecc_mode/current_ecc",)),
+    "ecc_pending": (_flag, ("ecc mode/pending",), ("ecc_mode/pending_ecc",)),
+    "persistence_mode": (_flag, ("persistence mode",), ("persistence_mode",)),
+    "compute_mode": (_compute_mode, ("compute mode",), ("compute_mode",)),
+    "mig_mode": (_flag, ("mig mode/current",), ("mig_mode/current_mig",)),
+    "util": (_PCT, ("utilization/gpu",), ("utilization/gpu_util",)),
+    "mem_util": (_PCT, ("utilization/memory",), ("utilization/memory_util",)),
+    "memory_total": (_memory, ("fb memory usage/total",), ("fb_memory_usage/total",)),
+    "memory_used": (_memory, ("fb memory usage/used",), ("fb_memory_usage/used",)),
+    "memory_free": (_memory, ("fb memory usage/free",), ("fb_memory_usage/free",)),
+    "memory_reserved": (_memory, ("fb memory usage/reserved",), ("fb_memory_usage/reserved",)),
+    "temperature": (_number, ("temperature/gpu current temp",), ("temperature/gpu_temp",)),
+    "power": (
+        _number,
+        (
+            "gpu power readings/average power draw",
+            "gpu power readings/power draw",
+            "power readings/power draw",
+            "gpu power readings/instantaneous power draw",
+        ),
+        (
+            "gpu_power_readings/average_power_draw",
+            "gpu_power_readings/power_draw",
+            "power_readings/power_draw",
+            "gpu_power_readings/instant_power_draw",
+        ),
+    ),
+    "sm_clock": (_MHZ, ("clocks/sm",), ("clocks/sm_clock",)),
+    "mem_clock": (_MHZ, ("clocks/memory",), ("clocks/mem_clock",)),
+    "pstate": (_pstate, ("performance state",), ("performance_state",)),
+    "memory_temperature": (
+        _number,
+        ("temperature/memory current temp",),
+        ("temperature/memory_temp",),
+    ),
+    "bar1_total": (_memory, ("bar1 memory usage/total",), ("bar1_memory_usage/total",)),
+    "bar1_used": (_memory, ("bar1 memory usage/used",), ("bar1_memory_usage/used",)),
+    "pcie_link_gen": (
+        _number,
+        ("pci/gpu link info/pcie generation/current",),
+        ("pci/pci_gpu_link_info/pcie_gen/current_link_gen",),
+    ),
+    "pcie_link_width": (
+        _number,
+        ("pci/gpu link info/link width/current",),
+        ("pci/pci_gpu_link_info/link_widths/current_link_width",),
+    ),
+    "pcie_replays": (_number, ("pci/replays since reset",), ("pci/replay_counter",)),
+    "retired_pages_sbe": (
+        _number,
+        ("retired pages/single bit ecc", "retired pages/single bit ecc/retired count"),
+        ("retired_pages/multiple_single_bit_retirement/retired_count",),
+    ),
+    "retired_pages_dbe": (
+        _number,
+        ("retired pages/double bit ecc", "retired pages/double bit ecc/retired count"),
+        ("retired_pages/double_bit_retirement/retired_count",),
+    ),
+    "retired_pages_pending": (
+        _flag,
+        ("retired pages/pending page blacklist", "retired pages/pending page retirement"),
+        ("retired_pages/pending_blacklist", "retired_pages/pending_retirement"),
+    ),
+    "remapped_rows_correctable": (
+        _number,
+        ("remapped rows/correctable error",),
+        ("remapped_rows/remapped_row_corr",),
+    ),
+    "remapped_rows_uncorrectable": (
+        _number,
+        ("remapped rows/uncorrectable error",),
+        ("remapped_rows/remapped_row_unc",),
+    ),
+    "remap_pending": (_flag, ("remapped rows/pending",), ("remapped_rows/remapped_row_pending",)),
+    "remap_failure": (
+        _flag,
+        ("remapped rows/remapping failure occurred",),
+        ("remapped_rows/remapped_row_failure",),
+    ),
+}
+# Text values and sections: (paths in the text dump, paths in the XML dump).
+_PLACES: dict[str, tuple[_Paths, _Paths]] = {
+    "uuid": (("gpu uuid",), ("uuid",)),
+    "pci_bus_id": (("pci/bus id",), ("pci/pci_bus_id",)),
+    "name": (("product name",), ("product_name",)),
+    "serial": (("serial number",), ("serial",)),
+    "vbios": (("vbios version",), ("vbios_version",)),
+    "reasons": (
+        ("clocks event reasons", "clocks throttle reasons"),
+        ("clocks_event_reasons", "clocks_throttle_reasons"),
+    ),
+    "counters": (
+        ("clocks event reasons counters", "clocks throttle reasons counters"),
+        ("clocks_event_reasons_counters", "clocks_throttle_reasons_counters"),
+    ),
+    "ecc_volatile": (("ecc errors/volatile",), ("ecc_errors/volatile",)),
+    "ecc_aggregate": (("ecc errors/aggregate",), ("ecc_errors/aggregate",)),
+    "recovery_action": (("gpu recovery action",), ("gpu_recovery_action",)),
+    "reset_required": (("gpu reset status/reset required",), ("gpu_reset_status/reset_required",)),
+    "drain": (
+        ("gpu reset status/drain and reset recommended",),
+        ("gpu_reset_status/drain_and_reset_recommended",),
+    ),
+    "processes": (("processes",), ("processes",)),
+}
+_COUNTER_PREFIXES = ("clocks_event_reasons_counters_", "clocks_throttle_reasons_counters_")
+
+
+@dataclass(frozen=True, slots=True)
+class _Format:
+    column: int  # 0: the text dump's paths, 1: the XML dump's
+    reason_bits: dict[str, int]
+    counter_names: dict[str, str]
+    processes: Callable[[_Node | None, _Reader], tuple[ProcessReading, ...]]
+
+
+def _gpu(index: int, root: _Node, dump: NvsmiDump, fmt: _Format) -> NvsmiGpu:
+    r = _Reader(root, dump.problems)
+    col = fmt.column
+
+    def value(name: str) -> float | None:
+        convert, text_paths, xml_paths = _VALUES[name]
+        return r.get(convert, *(xml_paths if col else text_paths))
+
+    def place(name: str) -> _Paths:
+        return _PLACES[name][col]
+
+    def section(name: str) -> _Node | None:
+        return next((n for n in map(root.find, place(name)) if n is not None), None)
+
+    static = StaticReading(
+        index=index,
+        uuid=r.text(*place("uuid")),
+        pci_bus_id=normalise_pci_bus_id(r.text(*place("pci_bus_id")) or root.value),
+        name=r.text(*place("name")),
+        serial=r.text(*place("serial")),
+        vbios=r.text(*place("vbios")),
+        driver_version=dump.driver_version,
+        sm_clock_max=value("sm_clock_max"),
+        mem_clock_max=value("mem_clock_max"),
+        power_limit=value("power_limit"),
+        power_limit_default=value("power_limit_default"),
+        pcie_link_gen_max=value("pcie_link_gen_max"),
+        pcie_link_width_max=value("pcie_link_width_max"),
+        ecc_enabled=value("ecc_enabled"),
+        ecc_pending=value("ecc_pending"),
+        persistence_mode=value("persistence_mode"),
+        compute_mode=value("compute_mode"),
+        mig_mode=value("mig_mode"),
+    )
+    fast = FastReading(
+        util=value("util"),
+        mem_util=value("mem_util"),
+        memory_total=value("memory_total"),
+        memory_used=value("memory_used"),
+        memory_free=value("memory_free"),
+        memory_reserved=value("memory_reserved"),
+        temperature=value("temperature"),
+        power=value("power"),
+        sm_clock=value("sm_clock"),
+        mem_clock=value("mem_clock"),
+        pstate=value("pstate"),
+        clock_event_reasons=_reasons(section("reasons"), fmt.reason_bits),
+    )
+    counters = section("counters")
+    cet: dict[str, float] = {}
+    for c in counters.children if counters else []:
+        key = c.key
+        for prefix in _COUNTER_PREFIXES:
+            key = key.removeprefix(prefix)
+        name = fmt.counter_names.get(key)
+        v = _safe(r, c, _scaled(1e-6))
+        if name and v is not None:
+            cet[name] = v
+    vol = _ecc_sums(section("ecc_volatile"))
+    agg = _ecc_sums(section("ecc_aggregate"))
+    slow = SlowReading(
+        memory_temperature=value("memory_temperature"),
+        bar1_total=value("bar1_total"),
+        bar1_used=value("bar1_used"),
+        clock_event_time=cet,
+        pcie_link_gen=value("pcie_link_gen"),
+        pcie_link_width=value("pcie_link_width"),
+        pcie_replays=value("pcie_replays"),
+        ecc_volatile_corrected=vol[0],
+        ecc_volatile_uncorrected=vol[1],
+        ecc_aggregate_corrected=agg[0],
+        ecc_aggregate_uncorrected=agg[1],
+        retired_pages_sbe=value("retired_pages_sbe"),
+        retired_pages_dbe=value("retired_pages_dbe"),
+        retired_pages_pending=value("retired_pages_pending"),
+        remapped_rows_correctable=value("remapped_rows_correctable"),
+        remapped_rows_uncorrectable=value("remapped_rows_uncorrectable"),
+        remap_pending=value("remap_pending"),
+        remap_failure=value("remap_failure"),
+        recovery_action=_recovery_of(
+            r, place("recovery_action")[0], place("reset_required")[0], place("drain")[0]
+        ),
+        processes=fmt.processes(section("processes"), r),
+    )
+    return NvsmiGpu(static, fast, slow)
+
+
+_TEXT = _Format(0, _REASON_BITS_TEXT, _COUNTERS_TEXT, _text_processes)
+_XML = _Format(1, _REASON_BITS_XML, _COUNTERS_XML, _xml_processes)
 
 
 # --- entry points -----------------------------------------------------------------------
