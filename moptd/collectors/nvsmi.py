@@ -383,12 +383,14 @@ def _parent_key(root: _Node, target: _Node) -> str:
     return ""
 
 
-def _recovery_of(r: _Reader, action: str, reset: str, drain: str) -> float | None:
-    v = r.get(_recovery, action)
+def _recovery_of(
+    r: _Reader, action: tuple[str, ...], reset: tuple[str, ...], drain: tuple[str, ...]
+) -> float | None:
+    v = r.get(_recovery, *action)
     if v is not None:
         return v
-    need_reset = r.get(_flag, reset)
-    need_drain = r.get(_flag, drain)
+    need_reset = r.get(_flag, *reset)
+    need_drain = r.get(_flag, *drain)
     if need_drain == 1.0:
         return 4.0
     if need_reset == 1.0:
@@ -660,7 +662,7 @@ def _gpu(index: int, root: _Node, dump: NvsmiDump, fmt: _Format) -> NvsmiGpu:
 
     def value(name: str) -> float | None:
         convert, text_paths, xml_paths = _VALUES[name]
-        return r.get(convert, *(xml_paths if col else text_paths))
+        return r.get(convert, *(text_paths, xml_paths)[col])
 
     def place(name: str) -> _Paths:
         return _PLACES[name][col]
@@ -734,7 +736,7 @@ def _gpu(index: int, root: _Node, dump: NvsmiDump, fmt: _Format) -> NvsmiGpu:
         remap_pending=value("remap_pending"),
         remap_failure=value("remap_failure"),
         recovery_action=_recovery_of(
-            r, place("recovery_action")[0], place("reset_required")[0], place("drain")[0]
+            r, place("recovery_action"), place("reset_required"), place("drain")
         ),
         processes=fmt.processes(section("processes"), r),
     )
