@@ -2,7 +2,8 @@
 # Two trees' daemons side by side on a GPU host: the gpu-marked tests on this tree, then
 # twice `bench/daemon_steady.py` on the live NVML backend for both trees at the same
 # time. The other tree is a plain copy of the repository at another commit, carried along
-# (git archive REV moptd rules bench tests/__init__.py tests/daemon_proc.py | tar -x -C DIR).
+# (git archive REV moptd rules bench tests | tar -x -C DIR: daemon_steady.py imports its
+# helpers from tests/).
 # Results go to $OUT (or ./.out).
 # Usage (from the repo root, on the GPU host): bash bench/gpu_host_ab.sh OTHER_TREE [SECONDS]
 set -u
