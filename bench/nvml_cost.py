@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nvml_ticks import spaced_cost, tick_cost
 
 from moptd.collectors.nvml import NvmlCollector
-from moptd.collectors.nvml_backend import NvmlBackend
+from moptd.gpu.backend import NvmlBackend
 
 QUERY_FIELDS = [
     "index", "uuid", "pci.bus_id", "name", "serial", "vbios_version", "driver_version",

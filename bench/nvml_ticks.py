@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from moptd.clock import VirtualClock, next_on_grid
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 
 
 async def _grid(spacing: float, ticks: int, work: Callable[[], Awaitable[None]] | None) -> float:

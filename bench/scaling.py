@@ -50,7 +50,7 @@ from rules_tick import batch_at  # noqa: E402
 
 from moptd.catalog import CATALOG  # noqa: E402
 from moptd.clock import VirtualClock  # noqa: E402
-from moptd.collectors.base import CollectorContext  # noqa: E402
+from moptd.collector import CollectorContext  # noqa: E402
 from moptd.collectors.nvml import NvmlCollector  # noqa: E402
 from moptd.daemon.exporter import TextRenderer  # noqa: E402
 from moptd.diagnose.loader import default_rules_dir  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiohttp import web
 
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.serving import ServingCollector
 from moptd.observations import Batch
 from moptd.serving.engines import view_from_samples

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from moptd import yamlsafe
-from moptd.collectors.base import Collector, OptionError
+from moptd.collector import Collector, OptionError
 from moptd.durations import parse_duration
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")

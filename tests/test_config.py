@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moptd.collectors.base import load_all
+from moptd.collectors import registry
 from moptd.config import ConfigError, load_config, parse_config
 
 
 def parse(text: str):
-    return parse_config(text, "moptd.yaml", load_all())
+    return parse_config(text, "moptd.yaml", registry())
 
 
 def test_defaults_need_no_file():
-    cfg = load_config(None, load_all())
+    cfg = load_config(None, registry())
     assert cfg.source == "<defaults>"
     assert cfg.exporter_listen == "127.0.0.1:9477"
     assert cfg.collectors["nvml"].enabled
@@ -67,7 +67,7 @@ def test_errors_name_file_line_and_key(text, message):
 
 def test_unreadable_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path / "missing.yaml", load_all())
+        load_config(tmp_path / "missing.yaml", registry())
 
 
 def test_run_refuses_a_bad_config_with_status_2(tmp_path):

@@ -30,7 +30,7 @@ def test_figures_match_what_psutil_reads():
 
 
 async def test_tasks_are_counted_on_the_loop(tmp_path: Path):
-    from moptd.collectors.base import CollectorContext
+    from moptd.collector import CollectorContext
     from moptd.collectors.daemon_self import DaemonSelfCollector
 
     c = DaemonSelfCollector(CollectorContext(state_dir=tmp_path))
@@ -72,7 +72,7 @@ def test_status_lines_keep_their_number():
 async def test_gc_time_comes_from_the_real_collector(tmp_path: Path):
     import gc
 
-    from moptd.collectors.base import CollectorContext
+    from moptd.collector import CollectorContext
     from moptd.collectors.daemon_self import DaemonSelfCollector
 
     c = DaemonSelfCollector(CollectorContext(state_dir=tmp_path))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.driver import (
     DkmsEntry,
     DriverCollector,
@@ -179,7 +179,7 @@ async def test_a_pass_over_a_prepared_host(tmp_path):
 
 
 async def test_without_proc_modules_the_collector_is_unavailable(tmp_path):
-    from moptd.collectors.base import Unavailable
+    from moptd.collector import Unavailable
 
     collector = DriverCollector(CollectorContext(procfs=tmp_path, options={"use_tools": False}))
     with pytest.raises(Unavailable, match="modules"):

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from moptd.clock import VirtualClock
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
 from moptd.collectors.nvml import NvmlCollector
 from moptd.daemon.exporter import SnapshotCollector, TextRenderer

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moptd.collectors import procfs
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
+from moptd.proc import procfs
 from tests.conftest import FIXTURES
 
 

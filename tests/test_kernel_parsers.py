@@ -14,13 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moptd.kernel.attribution import Attributor
+from moptd.kernel.attribution import Attributor, records_to_events
 from moptd.kernel.logparse import (
     MAX_TEXT,
     parse_kernel_log,
     parse_line,
     parse_raw_record,
-    records_to_events,
 )
 from moptd.kernel.patterns import KernelMatcher, Match, normalise_bus, parse_xid
 

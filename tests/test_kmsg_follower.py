@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
 from moptd.collectors.kernel_log import KernelLogCollector
 from moptd.daemon.runtime import CollectorRuntime
@@ -235,7 +235,7 @@ def test_ring_overrun_on_real_kmsg_is_counted(tmp_path):
 
 
 async def test_unknown_source_is_unavailable_naming_the_key(tmp_path):
-    from moptd.collectors.base import Unavailable
+    from moptd.collector import Unavailable
 
     collector = KernelLogCollector(
         CollectorContext(options={"source": "carrier-pigeon"}, state_dir=tmp_path)
@@ -246,7 +246,7 @@ async def test_unknown_source_is_unavailable_naming_the_key(tmp_path):
 
 
 async def test_journal_source_without_systemd_python_is_unavailable(tmp_path):
-    from moptd.collectors.base import Unavailable
+    from moptd.collector import Unavailable
 
     try:
         from systemd import journal  # noqa: F401

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.kernel_log import STATE_FILE, KernelLogCollector
 from moptd.observations import Event
 
@@ -109,7 +109,7 @@ async def test_restart_resumes_without_repeating_or_missing(tmp_path: Path) -> N
 
 
 async def test_unreadable_kmsg_makes_the_collector_unavailable(tmp_path: Path) -> None:
-    from moptd.collectors.base import Unavailable
+    from moptd.collector import Unavailable
 
     ctx = CollectorContext(options={"kmsg_path": str(tmp_path / "no-kmsg")}, state_dir=tmp_path)
     collector = KernelLogCollector(ctx)

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from moptd.collectors.base import load_all
+from moptd.collectors import registry
 from moptd.config import parse_config
 
 from .conftest import REPO
@@ -211,7 +211,7 @@ def test_the_objects_point_at_each_other():
 
 def test_the_configmap_is_a_valid_moptd_config():
     text = by_kind("ConfigMap")["data"]["moptd.yaml"]
-    config = parse_config(text, "configmap:moptd.yaml", load_all())
+    config = parse_config(text, "configmap:moptd.yaml", registry())
     assert config.exporter_listen == "0.0.0.0:9477"
     assert str(config.api_socket) == "/run/moptd/api.sock"
 

@@ -14,7 +14,7 @@ import pytest
 
 from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
-from moptd.collectors.base import CollectorContext, Unavailable
+from moptd.collector import CollectorContext, Unavailable
 from moptd.collectors.nvml import NvmlCollector
 from moptd.daemon.exporter import render_families
 from moptd.observations import Batch, Event

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moptd.catalog import CATALOG
-from moptd.collectors.gpu_readings import (
+from moptd.gpu.readings import (
     FastReading,
     GpuLost,
     NvmlCallError,
@@ -20,7 +20,7 @@ from moptd.collectors.gpu_readings import (
     reading_from_dict,
     reading_to_dict,
 )
-from moptd.collectors.nvml_recorded import (
+from moptd.gpu.recorded import (
     RecordedBackend,
     RecordingError,
     dump_recording,

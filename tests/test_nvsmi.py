@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moptd.catalog import CATALOG
-from moptd.collectors.gpu_batch import gpu_batch
-from moptd.collectors.nvsmi import (
+from moptd.gpu.batch import gpu_batch
+from moptd.gpu.nvsmi import (
     NvsmiError,
     dump_to_batch,
     parse_dump,

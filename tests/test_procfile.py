@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moptd.collectors.daemon_self import parse_stat_cpu_ticks
-from moptd.collectors.procfile import OpenFiles
+from moptd.proc.files import OpenFiles
 
 
 def _burn(seconds: float) -> None:

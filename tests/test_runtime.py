@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from moptd.collectors.base import Collector, CollectorContext, Unavailable
+from moptd.collector import Collector, CollectorContext, Unavailable
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.observations import NODE, Batch
 from moptd.store import SignalStore

@@ -135,12 +135,12 @@ def test_ready_watchdog_stopping_with_a_real_daemon(tmp_path, notify_socket, mon
 def test_watchdog_stops_when_collection_stops_progressing(tmp_path, notify_socket):
     # Only the host collector, every 60 s: after the first pass nothing progresses, so
     # systemd must stop hearing WATCHDOG=1 (and would restart a wedged daemon).
-    from moptd.collectors.base import load_all
+    from moptd.collectors import registry
 
     port = free_port()
     config = write_config(tmp_path, port)
     lines = ["collectors:"]
-    for name in sorted(load_all()):
+    for name in sorted(registry()):
         lines.append(f"  {name}:")
         lines.append("    interval: 60" if name == "host" else "    enabled: false")
     config.write_text(config.read_text() + "\n".join(lines) + "\n")

@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from moptd import yamlsafe
-from moptd.collectors.nvsmi import MAX_DUMP_BYTES, NvsmiError, parse_dump, read_dump
 from moptd.diagnose.loader import _Loader, default_rules_dir
+from moptd.gpu.nvsmi import MAX_DUMP_BYTES, NvsmiError, parse_dump, read_dump
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "moptd"

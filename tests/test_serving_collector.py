@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from moptd.collectors.base import CollectorContext, Unavailable
+from moptd.collector import CollectorContext, Unavailable
 from moptd.collectors.serving import ServingCollector
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving.spec import SpecError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from moptd.cli import render
 from moptd.clock import VirtualClock
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.driver import DriverCollector
 from moptd.daemon.views import driver_view
 from moptd.store import SignalStore

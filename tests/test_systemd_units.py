@@ -128,10 +128,10 @@ def test_dry_run_changes_nothing(tmp_path, capsys):
 
 
 def test_shipped_config_loads():
-    from moptd.collectors.base import load_all
+    from moptd.collectors import registry
     from moptd.config import load_config
 
-    config = load_config(SYSTEMD / "moptd.yaml", load_all())
+    config = load_config(SYSTEMD / "moptd.yaml", registry())
     assert str(config.api_socket) == "/run/moptd/api.sock"
     assert config.api_group == "moptd"
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from moptd.collectors.worker import Worker
+from moptd.worker import Worker
 
 
 def test_calls_run_in_order_on_one_thread() -> None:
@@ -66,7 +66,7 @@ def test_a_hung_call_does_not_keep_the_process_from_exiting() -> None:
     code = textwrap.dedent(
         """
         import threading
-        from moptd.collectors.worker import Worker
+        from moptd.worker import Worker
         w = Worker("hung")
         w.submit(threading.Event().wait)  # never returns
         print("exiting", flush=True)

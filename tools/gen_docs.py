@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from moptd.catalog import CATALOG  # noqa: E402
-from moptd.collectors.base import load_all  # noqa: E402
+from moptd.collectors import registry  # noqa: E402
 from moptd.config import full_schema  # noqa: E402
 from moptd.daemon.exporter import SUBJECT_LABELS  # noqa: E402
 
@@ -107,7 +107,7 @@ def _schema_rows(schema: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def config_reference() -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    rows += _schema_rows(full_schema(load_all()))
+    rows += _schema_rows(full_schema(registry()))
     return "\n".join(rows)
 
 

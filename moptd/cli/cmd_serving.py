@@ -102,7 +102,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 async def _scrape_once(
     endpoints: list[dict[str, Any]], options: dict[str, Any], state_dir: Path
 ) -> dict[str, Any]:
-    from moptd.collectors.base import CollectorContext
+    from moptd.collector import CollectorContext
     from moptd.collectors.serving import ServingCollector
 
     opts = {k: v for k, v in options.items() if k != "managed"}

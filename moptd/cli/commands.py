@@ -10,13 +10,13 @@ import sys
 from typing import Any
 
 from moptd.cli import EXIT_USAGE, setup_logging
-from moptd.collectors.base import load_all
+from moptd.collectors import registry
 from moptd.config import Config, ConfigError, find_config_path, load_config
 
 
 def load(args: argparse.Namespace) -> Config | None:
     try:
-        config = load_config(find_config_path(args.config), load_all())
+        config = load_config(find_config_path(args.config), registry())
     except ConfigError as exc:
         print(f"moptd: configuration error: {exc}", file=sys.stderr)
         return None

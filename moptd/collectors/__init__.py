@@ -1,11 +1,32 @@
-"""Collectors, one module each; importing the package registers every collector module.
+"""The collectors, one module each, and the one list of them.
 
-A module registers itself with ``@register``; helper modules (parsers, backends) simply
-register nothing.
+A collector is a pure reader over its sources (see ``moptd.collector`` for the contract);
+parsers, backends and /proc helpers live in ``moptd.gpu``, ``moptd.proc``, ``moptd.kernel``
+and ``moptd.serving``. A new collector is a module here and one entry in ``ALL``.
 """
 
-import importlib
-import pkgutil
+from __future__ import annotations
 
-for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    importlib.import_module(f"{__name__}.{_info.name}")
+from moptd.collector import Collector
+from moptd.collectors.container import ContainerCollector
+from moptd.collectors.daemon_self import DaemonSelfCollector
+from moptd.collectors.driver import DriverCollector
+from moptd.collectors.host import HostCollector
+from moptd.collectors.kernel_log import KernelLogCollector
+from moptd.collectors.nvml import NvmlCollector
+from moptd.collectors.serving import ServingCollector
+
+ALL: tuple[type[Collector], ...] = (
+    ContainerCollector,
+    DaemonSelfCollector,
+    DriverCollector,
+    HostCollector,
+    KernelLogCollector,
+    NvmlCollector,
+    ServingCollector,
+)
+
+
+def registry() -> dict[str, type[Collector]]:
+    """Every collector by its configuration name, in ``ALL``'s order."""
+    return {cls.name: cls for cls in ALL}

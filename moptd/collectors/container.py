@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import yaml
 
 from moptd import yamlsafe
-from moptd.collectors.base import Collector, CollectorContext, Option, register
+from moptd.collector import Collector, CollectorContext, Option
 from moptd.collectors.driver import parse_module_version
 from moptd.observations import NODE, Batch, labels_of
 
@@ -147,7 +147,6 @@ def parse_toolkit_version(text: str) -> str:
     return m.group("v") if m else ""
 
 
-@register
 class ContainerCollector(Collector):
     name = "container"
     default_interval = 60.0

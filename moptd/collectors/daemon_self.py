@@ -13,15 +13,14 @@ import os
 import time
 from pathlib import Path
 
-from moptd.collectors import procfs
-from moptd.collectors.base import Collector, CollectorContext, register
+from moptd.collector import Collector, CollectorContext
 from moptd.observations import NODE, Batch
+from moptd.proc import procfs
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _SELF = Path("/proc/self")  # always this process, whatever procfs root the host reads
 
 
-@register
 class DaemonSelfCollector(Collector):
     name = "self"
     default_interval = 10.0

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from moptd.collectors.base import Collector, CollectorContext, Option, Unavailable, register
+from moptd.collector import Collector, CollectorContext, Option, Unavailable
 from moptd.kernel.patterns import normalise_bus
 from moptd.observations import NODE, Batch, gpu_subject, labels_of
 
@@ -161,7 +161,7 @@ def gpu_identities(procfs: Path) -> tuple[dict[str, int], dict[str, str], str]:
     NVML is absent, the GPUs under /proc/driver/nvidia/gpus in bus order (NVML's default
     enumeration order) and no version."""
     try:
-        from moptd.collectors.nvml_backend import NvmlBackend
+        from moptd.gpu.backend import NvmlBackend
 
         backend = NvmlBackend()
         backend.init()
@@ -235,7 +235,6 @@ class _Slow:
     index_by_bus: dict[str, int] | None = None
 
 
-@register
 class DriverCollector(Collector):
     name = "driver"
     default_interval = 30.0

@@ -11,17 +11,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from moptd.collectors import procfs
-from moptd.collectors.base import Collector, CollectorContext, Option, register
-from moptd.collectors.procfile import OpenFiles
+from moptd.collector import Collector, CollectorContext, Option
 from moptd.observations import NODE, Batch, labels_of
+from moptd.proc import procfs
+from moptd.proc.files import OpenFiles
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "SwapTotal", "SwapFree"})
 _VMSTAT_KEYS = frozenset({"pswpin", "pswpout"})
 
 
-@register
 class HostCollector(Collector):
     name = "host"
     default_interval = 5.0

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from moptd.collectors.base import Collector, CollectorContext, Option, Unavailable, register
+from moptd.collector import Collector, CollectorContext, Option, Unavailable
 from moptd.collectors.driver import gpu_identities
 from moptd.kernel.attribution import Attributor
 from moptd.kernel.incidents import IncidentTracker
@@ -39,7 +39,6 @@ class _Follower(Protocol):
     def save(self) -> None: ...
 
 
-@register
 class KernelLogCollector(Collector):
     name = "kernel"
     default_interval = 5.0

@@ -1,6 +1,6 @@
 """NVML collector: per-GPU telemetry, compute processes and Xid events.
 
-Readings come in four cost tiers (moptd/collectors/gpu_readings.py): static at start and
+Readings come in four cost tiers (moptd/gpu/readings.py): static at start and
 every ``static_interval``, slow every ``slow_interval``, costly (total energy and two
 clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, fast every tick;
 each tier's age is exported as gpu.sample_age{tier}.
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from moptd.collectors.base import Collector, CollectorContext, Option, Unavailable, register
-from moptd.collectors.gpu_batch import add_ages, add_fast, add_slow, add_static
-from moptd.collectors.gpu_readings import (
+from moptd.collector import Collector, CollectorContext, Option, Unavailable
+from moptd.gpu.batch import add_ages, add_fast, add_slow, add_static
+from moptd.gpu.readings import (
     BackendUnavailable,
     FastReading,
     GpuBackend,
@@ -41,9 +41,9 @@ from moptd.collectors.gpu_readings import (
     StaticReading,
     merge_costly,
 )
-from moptd.collectors.proc_info import ProcessInfo, process_info
-from moptd.collectors.worker import Worker
 from moptd.observations import Batch, Event, Sample, gpu_subject
+from moptd.proc.info import ProcessInfo, process_info
+from moptd.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,6 @@ def _countdown(count: int) -> tuple[Callable[[object], None], asyncio.Future[Non
     return finished, done
 
 
-@register
 class NvmlCollector(Collector):
     name = "nvml"
     default_interval = 1.0
@@ -157,7 +156,7 @@ class NvmlCollector(Collector):
     def make_backend(self) -> GpuBackend:
         kind = self.option("backend")
         if kind == "recorded":
-            from moptd.collectors.nvml_recorded import RecordedBackend
+            from moptd.gpu.recorded import RecordedBackend
 
             path = self.option("recording")
             if not path:
@@ -165,7 +164,7 @@ class NvmlCollector(Collector):
             return RecordedBackend.from_file(Path(path), int(self.option("replicate")))
         if kind != "live":
             raise ValueError(f"collectors.nvml.backend: {kind!r} is not live or recorded")
-        from moptd.collectors.nvml_backend import NvmlBackend
+        from moptd.gpu.backend import NvmlBackend
 
         return NvmlBackend()
 

@@ -18,13 +18,12 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from moptd.collectors.base import (
+from moptd.collector import (
     Collector,
     CollectorContext,
     Option,
     OptionError,
     Unavailable,
-    register,
 )
 from moptd.durations import parse_duration
 from moptd.observations import Batch, Event, labels_of
@@ -71,7 +70,6 @@ def _check(parse: Callable[[Any, str], object]) -> Callable[[Any], None]:
     return check
 
 
-@register
 class ServingCollector(Collector):
     name = "serving"
     default_interval = 5.0

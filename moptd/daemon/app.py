@@ -15,7 +15,8 @@ from pathlib import Path
 from aiohttp import web
 
 from moptd.clock import SystemClock
-from moptd.collectors.base import Collector, CollectorContext, load_all
+from moptd.collector import Collector, CollectorContext
+from moptd.collectors import registry
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import (
@@ -38,13 +39,11 @@ from moptd.store import SignalStore
 log = logging.getLogger(__name__)
 
 
-def build_collectors(
-    config: Config, runtime_publish: object | None = None
-) -> dict[str, tuple[Collector, float, float]]:
-    registry = load_all()
+def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]]:
+    known = registry()
     out: dict[str, tuple[Collector, float, float]] = {}
     for name, cc in config.collectors.items():
-        if not cc.enabled or name not in registry:
+        if not cc.enabled or name not in known:
             continue
         ctx = CollectorContext(
             options=cc.options,
@@ -53,7 +52,7 @@ def build_collectors(
             state_dir=config.state_dir,
             global_options={"watch_paths": config.watch_paths},
         )
-        out[name] = (registry[name](ctx), cc.interval, cc.timeout)
+        out[name] = (known[name](ctx), cc.interval, cc.timeout)
     return out
 
 

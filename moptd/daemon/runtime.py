@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from moptd.clock import next_on_grid
-from moptd.collectors.base import Collector, CollectorBusy, Unavailable
+from moptd.collector import Collector, CollectorBusy, Unavailable
 from moptd.observations import Batch, Event, Sample
 from moptd.store import SignalStore
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from moptd.collectors import procfs
 from moptd.observations import NODE, Batch, Event, labels_of
+from moptd.proc import procfs
 
 FORMAT = "moptd-bundle/v1"
 
@@ -192,7 +192,7 @@ def _text(path: Path) -> str:
 
 def _read_nvsmi(root: Path, tl: Timeline, by_bus: dict[str, int], uuids: dict[str, str]) -> str:
     """Reads the dumps; returns the user-space driver version they show ("" if none)."""
-    from moptd.collectors.nvsmi import NvsmiError, dump_to_batch, read_dump
+    from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
 
     folder = root / "gpu" / "nvidia-smi"
     files = (
@@ -252,7 +252,7 @@ _SAMPLE_FIELDS: dict[str, tuple[str, float]] = {
 def _read_samples(path: Path, tl: Timeline) -> None:
     if not path.exists():
         return  # optional even among optional files: not listed as missing evidence
-    from moptd.collectors.gpu_readings import CLOCK_EVENT_REASONS
+    from moptd.gpu.readings import CLOCK_EVENT_REASONS
 
     for n, line in enumerate(_text(path).splitlines(), start=1):
         if not line.strip():
@@ -298,7 +298,8 @@ def _read_kernel(
         tl.missing.append("kernel/dmesg.txt")
         tl.missing_namespaces.add("kernel")
         return
-    from moptd.kernel.logparse import parse_kernel_log, records_to_events
+    from moptd.kernel.attribution import records_to_events
+    from moptd.kernel.logparse import parse_kernel_log
 
     boot = tl.meta.get("boot_time")
     year = None

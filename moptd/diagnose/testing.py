@@ -342,7 +342,8 @@ def _events(ev: object, t0: float, j: int) -> list[Event]:
     except ValueError as e:
         raise _Bad(f"at: {e}", "events", j) from None
     if "kmsg" in ev:
-        from moptd.kernel.logparse import parse_kernel_log, records_to_events
+        from moptd.kernel.attribution import records_to_events
+        from moptd.kernel.logparse import parse_kernel_log
 
         records = parse_kernel_log(str(ev["kmsg"]))
         index = {str(k): int(v) for k, v in (ev.get("gpus") or {}).items()}

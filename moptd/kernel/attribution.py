@@ -7,7 +7,7 @@ replay no procfs is given, since a bundle's pids belong to another host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from moptd.kernel.logparse import KernelRecord
 from moptd.kernel.patterns import KernelMatcher, Match, normalise_bus
 from moptd.kernel.xid import xid_info
 from moptd.observations import NODE, Event, gpu_subject
+from moptd.proc.info import process_info
 
 _GPU_STREAMS = frozenset({"kernel.xid", "kernel.gpu_fallen_off_bus"})
 
@@ -80,8 +81,6 @@ class Attributor:
     def _attribute_process(self, fields: dict[str, Any], pid: int) -> None:
         if self.procfs is None:
             return
-        from moptd.collectors.proc_info import process_info  # see patterns._parse_cgroup
-
         info = process_info(pid, self.procfs)
         if info is None:
             return
@@ -93,3 +92,26 @@ class Attributor:
         fields["container_runtime"] = info.container_runtime
         fields["pod_uid"] = info.pod_uid
         fields["unit"] = info.unit
+
+
+def records_to_events(
+    records: Iterable[KernelRecord],
+    gpu_index_by_bus: Mapping[str, int] | None = None,
+    *,
+    uuid_by_bus: Mapping[str, str] | None = None,
+    procfs: Path | None = None,
+    default_time: float = 0.0,
+) -> list[Event]:
+    """Parsed, attributed events (kernel.xid, kernel.oom_kill, ...) of a run of records.
+
+    A record without a time gets ``default_time`` (replay: its first step). ``procfs`` is
+    given only live: a bundle's pids belong to another host.
+    """
+    attributor = Attributor(gpu_index_by_bus or {}, uuid_by_bus or {}, procfs)
+    events: list[Event] = []
+    last = default_time
+    for rec in records:
+        events.extend(attributor.events(rec, default_time))
+        last = rec.t if rec.t is not None else last
+    events.extend(attributor.flush(last))  # a message cut off at the end of the log
+    return events

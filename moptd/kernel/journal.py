@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from moptd.collector import Unavailable
 from moptd.kernel.kmsg import Position, StateError, load_position, read_boot_id, save_position
 from moptd.kernel.logparse import MAX_TEXT, KernelRecord
 
@@ -40,8 +41,6 @@ class JournalFollower:
         self._dirty = False
 
     def open(self) -> None:
-        from moptd.collectors.base import Unavailable  # see patterns._parse_cgroup
-
         try:
             from systemd import journal  # type: ignore[attr-defined]
         except ImportError:

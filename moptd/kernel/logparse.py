@@ -10,12 +10,9 @@ pathological line cannot grow memory without bound.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-
-from moptd.observations import Event
 
 MAX_TEXT = 8192  # a kernel record is at most ~1 KiB; more is a paste accident
 MAX_DICT = 16  # kmsg dictionary entries kept per record
@@ -217,28 +214,3 @@ def read_kernel_log(
 ) -> list[KernelRecord]:
     """A kernel-log file; undecodable bytes are replaced, never fatal."""
     return parse_kernel_log(path.read_bytes().decode("utf-8", "replace"), boot_time, year)
-
-
-def records_to_events(
-    records: Iterable[KernelRecord],
-    gpu_index_by_bus: Mapping[str, int] | None = None,
-    *,
-    uuid_by_bus: Mapping[str, str] | None = None,
-    procfs: Path | None = None,
-    default_time: float = 0.0,
-) -> list[Event]:
-    """Parsed, attributed events (kernel.xid, kernel.oom_kill, ...) of a run of records.
-
-    A record without a time gets ``default_time`` (replay: its first step). ``procfs`` is
-    given only live: a bundle's pids belong to another host.
-    """
-    from moptd.kernel.attribution import Attributor
-
-    attributor = Attributor(gpu_index_by_bus or {}, uuid_by_bus or {}, procfs)
-    events: list[Event] = []
-    last = default_time
-    for rec in records:
-        events.extend(attributor.events(rec, default_time))
-        last = rec.t if rec.t is not None else last
-    events.extend(attributor.flush(last))  # a message cut off at the end of the log
-    return events

@@ -12,11 +12,9 @@ from __future__ import annotations
 import re
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from moptd.collectors.proc_info import CgroupInfo
-
+from moptd.proc.info import parse_cgroup
 
 _BUS = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 
@@ -190,12 +188,6 @@ def parse_xid(line: str) -> dict[str, Any] | None:
     return fields
 
 
-def _parse_cgroup(path: str) -> CgroupInfo:
-    # imported here: importing moptd.collectors imports every collector, and the kernel
-    # collector imports this module
-    from moptd.collectors.proc_info import parse_cgroup
-
-    return parse_cgroup(path)
 
 
 class KernelMatcher:
@@ -322,7 +314,7 @@ class KernelMatcher:
                 return []
             pid = int(m.group("pid"))
             memcg = self._oom_memcg.pop(pid, "")
-            cg = _parse_cgroup(memcg) if memcg else None
+            cg = parse_cgroup(memcg) if memcg else None
             fields: dict[str, Any] = {
                 "pid": pid,
                 "process": m.group("name"),

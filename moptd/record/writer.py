@@ -232,7 +232,7 @@ class Recorder:
         if shutil.which("nvidia-smi") and _run(["nvidia-smi", "-L"]):
             return "nvidia-smi"
         try:
-            from moptd.collectors.nvml_backend import NvmlBackend
+            from moptd.gpu.backend import NvmlBackend
 
             backend = NvmlBackend()
             backend.init()

@@ -1,11 +1,11 @@
 """NVML faults mid-run on some GPUs of a real daemon, through the recorded backend replaying
-the real H200 capture with fault entries spliced in (moptd/collectors/nvml_recorded.py).
+the real H200 capture with fault entries spliced in (moptd/gpu/recorded.py).
 
 Six GPUs, each replaying the capture; after a few good reads:
   gpu 0  stays healthy (the control);
   gpu 1  is lost (NVML_ERROR_GPU_IS_LOST, 15)            -> moptd_gpu_lost 1, GPU_LOST;
   gpu 2  answers NVML_ERROR_UNKNOWN (999), which the live backend treats as lost
-         (moptd/collectors/nvml_backend.py)              -> moptd_gpu_lost 1, GPU_LOST;
+         (moptd/gpu/backend.py)              -> moptd_gpu_lost 1, GPU_LOST;
   gpu 3  hangs in an NVML call far past gpu_deadline    -> error code 10 (TIMEOUT), values
          gone, the other GPUs' fast tier keeps its age under the deadline;
   gpu 4  starts answering NotSupported for power and temperature -> those metrics absent,

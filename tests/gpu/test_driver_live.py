@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.driver import DriverCollector, gpu_identities, parse_module_version
 from moptd.kernel.patterns import normalise_bus
 from moptd.observations import Batch

@@ -33,7 +33,7 @@ def live():
 
 
 async def _run(tmp_path: Path, backend, ticks: int = 3):
-    from moptd.collectors.base import CollectorContext
+    from moptd.collector import CollectorContext
     from moptd.collectors.nvml import NvmlCollector
 
     c = NvmlCollector(
@@ -52,7 +52,7 @@ async def _run(tmp_path: Path, backend, ticks: int = 3):
 
 
 async def test_not_supported_fields_are_absent_not_zero(live, tmp_path: Path):
-    from moptd.collectors.nvml_backend import NvmlBackend
+    from moptd.gpu.backend import NvmlBackend
 
     backend = NvmlBackend()
     batch = await _run(tmp_path, backend)

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from moptd.collectors.gpu_readings import (
+from moptd.gpu.nvsmi import parse_xml
+from moptd.gpu.readings import (
     FastReading,
     SlowReading,
     StaticReading,
     merge_costly,
 )
-from moptd.collectors.nvsmi import parse_xml
 
 pytestmark = pytest.mark.gpu
 
@@ -68,7 +68,7 @@ NOT_IN_NVSMI = {"energy", "nvlink_links_active", "nvlink_errors", "processes"}
 def backend() -> Any:
     if shutil.which("nvidia-smi") is None or not Path("/dev/nvidiactl").exists():
         pytest.skip("no NVIDIA driver on this host")
-    from moptd.collectors.nvml_backend import NvmlBackend
+    from moptd.gpu.backend import NvmlBackend
 
     b = NvmlBackend()
     b.init()
@@ -164,7 +164,7 @@ def test_energy_counter_moves_forward(backend: Any):
 async def test_collector_runs_live(tmp_path: Path):
     if not DRIVER_PRESENT:
         pytest.skip("no NVIDIA driver on this host")
-    from moptd.collectors.base import CollectorContext
+    from moptd.collector import CollectorContext
     from moptd.collectors.nvml import NvmlCollector
 
     c = NvmlCollector(CollectorContext(state_dir=tmp_path))

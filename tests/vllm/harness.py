@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from moptd.collectors.base import CollectorContext
+from moptd.collector import CollectorContext
 from moptd.collectors.serving import ServingCollector
 from moptd.diagnose.engine import evaluate
 from moptd.diagnose.loader import load_rules

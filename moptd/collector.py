@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from moptd.clock import Clock, SystemClock
-from moptd.collectors.worker import Worker
 from moptd.observations import Batch, Event
+from moptd.worker import Worker
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -109,22 +109,3 @@ class Collector:
         fut = self.worker().submit(fn, *args)
         self._pending = fut
         return await asyncio.wrap_future(fut)
-
-
-REGISTRY: dict[str, type[Collector]] = {}
-
-C = TypeVar("C", bound=type[Collector])
-
-
-def register(cls: C) -> C:
-    if cls.name in REGISTRY:
-        raise ValueError(f"collector {cls.name} registered twice")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def load_all() -> dict[str, type[Collector]]:
-    """Import every collector module so each registers itself."""
-    from moptd import collectors  # noqa: F401  (the package imports its modules)
-
-    return dict(REGISTRY)

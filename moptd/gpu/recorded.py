@@ -6,7 +6,7 @@ Recording format (``moptd-nvml-recording/1``), JSON lines, one object per line:
   "gpus": 1, "source": "free text"}``
 - a reading: ``{"t": 1795969286.868, "gpu": 0, "tier": "static"|"fast"|"slow",
   "reading": {...}}`` where ``reading`` holds the fields of StaticReading, FastReading or
-  SlowReading (moptd/collectors/gpu_readings.py) in base units; absent fields are None.
+  SlowReading (moptd/gpu/readings.py) in base units; absent fields are None.
 - a fault, for tests and drills: ``{"t": ..., "gpu": 1, "tier": "fast", "fault": "lost"}``
   (every later read of that GPU raises GpuLost), ``"fault": "hang", "seconds": 3``
   (that read blocks, then the next entry is returned), ``"fault": "error", "code": 10``
@@ -24,8 +24,8 @@ optional ``gpu/samples.jsonl`` holds, into timed batches.
 
 Command line::
 
-    python -m moptd.collectors.nvml_recorded record --out FILE --seconds N --interval S
-    python -m moptd.collectors.nvml_recorded build --dump nvsmi_idle.xml --dump nvsmi_load.xml \\
+    python -m moptd.gpu.recorded record --out FILE --seconds N --interval S
+    python -m moptd.gpu.recorded build --dump nvsmi_idle.xml --dump nvsmi_load.xml \\
         --samples nvml_samples.jsonl --out FILE
 """
 
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from moptd.collectors.gpu_batch import gpu_batch
-from moptd.collectors.gpu_readings import (
+from moptd.gpu.batch import gpu_batch
+from moptd.gpu.readings import (
     FastReading,
     GpuLost,
     NvmlCallError,
@@ -302,7 +302,7 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
     clock-event reasons, pstate; slow tier: PCIe generation and processes). Each sample
     takes the static and slow values of the latest dump taken before it. Values the
     captures do not hold stay None."""
-    from moptd.collectors.nvsmi import read_dump
+    from moptd.gpu.nvsmi import read_dump
 
     loaded = sorted((read_dump(p) for p in dumps), key=lambda d: d.timestamp or 0.0)
     if not loaded or not loaded[0].gpus:
@@ -451,7 +451,7 @@ def _rows(lines: Sequence[str], path: Path) -> Recording:
 
 def record_live(out: TextIO, seconds: float, interval: float, slow_interval: float) -> int:
     """Record the live NVML backend's readings; returns the number of entries written."""
-    from moptd.collectors.nvml_backend import NvmlBackend
+    from moptd.gpu.backend import NvmlBackend
 
     backend = NvmlBackend()
     backend.init()
@@ -501,7 +501,7 @@ def _read_entry(backend: Any, gpu: int, tier: str) -> Entry:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moptd.collectors.nvml_recorded")
+    parser = argparse.ArgumentParser(prog="python -m moptd.gpu.recorded")
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record the live NVML backend to a file")
     rec.add_argument("--out", type=Path, required=True)

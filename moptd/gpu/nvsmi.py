@@ -1,11 +1,11 @@
 """Readers of ``nvidia-smi -q -x`` (XML) and ``nvidia-smi -q`` (text) dumps.
 
-A dump becomes the same typed readings the NVML backend makes (moptd.collectors.
-gpu_readings) and, through ``dump_to_batch``, the same gpu.* samples the NVML collector
-emits, so rules run unchanged over a bundle. Names differ across driver branches
-("Clocks Throttle Reasons" before R535, "Clocks Event Reasons" after; "Power Draw" vs
-"Average Power Draw"; "GPU Reset Status" before the recovery-action field): each value
-lists the spellings it accepts.
+A dump becomes the same typed readings the NVML backend makes (moptd.gpu.readings) and,
+through ``dump_to_batch``, the same gpu.* samples the NVML collector emits, so rules run
+unchanged over a bundle. Names differ across driver branches ("Clocks Throttle Reasons"
+before R535, "Clocks Event Reasons" after; "Power Draw" vs "Average Power Draw"; "GPU
+Reset Status" before the recovery-action field): each value lists the spellings it
+accepts.
 
 Tolerance: a value that does not parse is skipped and noted in ``NvsmiDump.problems``
 with its line; ``NvsmiError`` (with ``.path`` and ``.line``) is raised only when the file
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moptd.collectors.gpu_batch import gpu_batch
-from moptd.collectors.gpu_readings import (
+from moptd.gpu.batch import gpu_batch
+from moptd.gpu.readings import (
     FastReading,
     ProcessReading,
     SlowReading,

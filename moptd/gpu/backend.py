@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from moptd.collectors.gpu_readings import (
+from moptd.gpu.readings import (
     CLOCK_EVENT_COUNTERS,
     COSTLY_CLOCK_EVENT_COUNTERS,
     NVLINK_COUNTERS,

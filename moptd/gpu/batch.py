@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from moptd.collectors.gpu_readings import (
+from moptd.gpu.readings import (
     CLOCK_EVENT_REASONS,
     FastReading,
     ProcessReading,
