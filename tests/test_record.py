@@ -21,7 +21,7 @@ from tests.api_helpers import get, kmsg_writable, wait_for, wait_socket, write_x
 from tests.conftest import FIXTURES
 from tests.daemon_proc import DaemonProcess
 
-SPEC_FILES = {  # spec/bundle.md: every file a recorder may write
+SPEC_FILES = {  # docs/bundle.md: every file a recorder may write
     "bundle.yaml",
     "kernel/dmesg.txt",
     "kernel/proc_modules",

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from moptd.cli import main
-from moptd.diagnose.expr import normalize_pci
 from moptd.diagnose.loader import default_rules_dir
 from moptd.diagnose.replay import replay
+from moptd.proc.pci import normalize_pci
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent

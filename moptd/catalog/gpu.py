@@ -10,6 +10,21 @@ driver 580 (bench/nvml_cost.py). moptd_gpu_sample_age_seconds gives the age of e
 
 from moptd.catalog import SignalSpec
 
+# nvmlClocksEventReason* bits (nvml.h; docs/reference/gpu-health-anchors.md §c1): the label
+# values of gpu.clock_event_active, the names rules use for the bits (HW_SLOWDOWN, ...) and
+# the table `moptd status` decodes the bitmask with. Declared here once.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
 _G = "gpu"
 
 

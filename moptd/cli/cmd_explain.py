@@ -269,7 +269,7 @@ def matches(f: dict[str, Any], asked: str | None, gpus: list[dict[str, Any]]) ->
     """SUBJECT may be a GPU index, gpu:N, a UUID, a PCI bus id, a serving name or node."""
     if not asked:
         return True
-    from moptd.diagnose.expr import normalize_pci
+    from moptd.proc.pci import normalize_pci
 
     subject = str(f.get("subject", ""))
     a = asked.strip()

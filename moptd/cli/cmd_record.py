@@ -11,7 +11,7 @@ from moptd.cli import EXIT_USAGE
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("record", help="record a bundle (spec/bundle.md) from this host")
+    p = sub.add_parser("record", help="record a bundle (docs/bundle.md) from this host")
     p.add_argument(
         "--duration", required=True, metavar="D", help="how long to sample (e.g. 30s, 5m)"
     )

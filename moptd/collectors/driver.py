@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
-from moptd.kernel.patterns import normalise_bus
 from moptd.observations import NODE, Batch, gpu_subject, labels_of
+from moptd.proc.pci import pci_key
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def parse_gsp_versions(smi_q: str) -> dict[str, str]:
     for line in smi_q.splitlines():
         m = _SMI_GPU.match(line)
         if m is not None:
-            bus = normalise_bus(m.group("bus"))
+            bus = pci_key(m.group("bus"))
             continue
         g = _SMI_GSP.match(line)
         if g is not None and bus:
@@ -178,7 +178,7 @@ def gpu_identities(procfs: Path) -> tuple[dict[str, int], dict[str, str], str]:
                 log.debug("NVML static read of GPU %d failed", i, exc_info=True)
                 continue
             if s.pci_bus_id:
-                bus = normalise_bus(s.pci_bus_id)
+                bus = pci_key(s.pci_bus_id)
                 index[bus] = i
                 uuid[bus] = s.uuid
         return index, uuid, backend.driver_version()
@@ -189,7 +189,7 @@ def gpu_identities(procfs: Path) -> tuple[dict[str, int], dict[str, str], str]:
 def _proc_gpus(procfs: Path) -> tuple[dict[str, int], dict[str, str]]:
     base = procfs / "driver/nvidia/gpus"
     try:
-        buses = sorted(normalise_bus(p.name) for p in base.iterdir())
+        buses = sorted(pci_key(p.name) for p in base.iterdir())
     except OSError:
         return {}, {}
     uuids: dict[str, str] = {}
@@ -200,7 +200,7 @@ def _proc_gpus(procfs: Path) -> tuple[dict[str, int], dict[str, str]]:
             continue
         m = re.search(r"GPU UUID:\s*(\S+)", info)
         if m:
-            uuids[normalise_bus(p.name)] = m.group(1)
+            uuids[pci_key(p.name)] = m.group(1)
     return {b: i for i, b in enumerate(buses)}, uuids
 
 

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -30,7 +29,6 @@ from moptd.daemon.api import (
 )
 from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.runtime import CollectorRuntime
-from moptd.diagnose.model import Transition
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
 from moptd.findings.service import Diagnosis
@@ -94,7 +92,6 @@ class Daemon:
         )
         self.runtime = make_runtime(config, self.store)
         self.rules = RuleService(self.store, self.clock, config.rule_paths)
-        self.transition_listeners: list[Callable[[list[Transition]], None]] = []
         # Ticks the rules (every rule_interval, and at once when an event arrives), keeps
         # every transition and event in state_dir/findings.db, feeds /v1/events.
         self.diagnosis = Diagnosis(
@@ -103,7 +100,6 @@ class Daemon:
             FindingsDB(config.state_dir / FILE_NAME),
             interval=config.rule_interval,
             before_tick=self._set_missing,
-            listeners=self.transition_listeners,
         )
         self._reload: asyncio.Task[None] | None = None
         self._reload_wanted = False

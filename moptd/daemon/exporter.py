@@ -17,7 +17,6 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     Metric,
 )
-from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from moptd import __version__
@@ -90,12 +89,6 @@ def _family(spec: SignalSpec, labels: list[str]) -> GaugeMetricFamily | CounterM
     if spec.kind == "counter":
         return CounterMetricFamily(spec.metric, spec.help, labels=labels)
     return GaugeMetricFamily(spec.metric, spec.help, labels=labels)
-
-
-def make_registry(store: SignalStore) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(store))
-    return registry
 
 
 def _go_float(value: float) -> str:

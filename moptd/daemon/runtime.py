@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from moptd.clock import next_on_grid
@@ -65,12 +65,7 @@ class CollectorRuntime:
             for name, (_, interval, timeout) in self.collectors.items()
         }
         self._tasks: list[asyncio.Task[None]] = []
-        self._listeners: list[Callable[[str], None]] = []
         self.first_pass = asyncio.Event()
-
-    def on_collected(self, callback: Callable[[str], None]) -> None:
-        """Called (on the loop) after each collector run with the collector's name."""
-        self._listeners.append(callback)
 
     def publish(self, events: list[Event]) -> None:
         """For collectors that push events as they arrive (kernel log, NVML Xid thread)."""
@@ -164,8 +159,6 @@ class CollectorRuntime:
         else:
             self.store.drop_source(name)
         self._record_health(health, wall)
-        for callback in self._listeners:
-            callback(name)
 
     def _fail(self, health: CollectorHealth, reason: str, t: float) -> None:
         health.failures += 1

@@ -8,8 +8,8 @@ from typing import Any
 
 from moptd import __version__
 from moptd.catalog import CATALOG
+from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.daemon.runtime import CollectorHealth
-from moptd.gpu.readings import CLOCK_EVENT_REASONS
 from moptd.observations import Value, subject_id
 from moptd.store import SignalStore
 

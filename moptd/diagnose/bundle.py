@@ -8,7 +8,6 @@ same samples.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import re
@@ -25,22 +24,6 @@ from moptd.observations import NODE, Batch, Event, labels_of
 from moptd.proc import procfs
 
 FORMAT = "moptd-bundle/v1"
-
-# Files the rules can use, with the evidence namespace each one feeds. A kernel log that
-# is absent makes every count(kernel.*) unknown rather than zero.
-KNOWN_FILES: dict[str, str] = {
-    "kernel/dmesg.txt": "kernel",
-    "gpu/nvidia-smi": "gpu",
-    "host/meminfo": "",
-    "host/df.txt": "",
-    "host/swappiness": "",
-    "kernel/proc_modules": "driver",
-    "kernel/driver_version": "",
-    "host/dev_nodes.txt": "",
-    "container/daemon.json": "container",
-    "serving/": "serving",
-}
-
 
 class BundleError(Exception):
     def __init__(self, file: str, line: int, message: str) -> None:
@@ -219,7 +202,7 @@ def _read_nvsmi(root: Path, tl: Timeline, by_bus: dict[str, int], uuids: dict[st
         for subject, attrs in batch.attrs.items():
             pci = attrs.get("pci_bus_id")
             if pci and subject.startswith("gpu:"):
-                from moptd.diagnose.expr import normalize_pci
+                from moptd.proc.pci import normalize_pci
 
                 norm = normalize_pci(pci)
                 if norm:
@@ -252,7 +235,7 @@ _SAMPLE_FIELDS: dict[str, tuple[str, float]] = {
 def _read_samples(path: Path, tl: Timeline) -> None:
     if not path.exists():
         return  # optional even among optional files: not listed as missing evidence
-    from moptd.gpu.readings import CLOCK_EVENT_REASONS
+    from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 
     for n, line in enumerate(_text(path).splitlines(), start=1):
         if not line.strip():
@@ -472,11 +455,3 @@ def _swappiness(text: str, b: Batch, file: str) -> None:
     if v is None:
         raise BundleError(file, 1, f"not a number: {text.strip()[:40]!r}")
     b.add("node.swappiness", NODE, float(v))
-
-
-def optional_module(name: str) -> object | None:
-    """A parser module another part of moptd provides, or None where it is not built yet."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError:
-        return None

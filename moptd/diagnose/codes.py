@@ -1,4 +1,4 @@
-"""The stable diagnosis codes (docs: /spec/diagnosis-codes.md) with layer and default severity.
+"""The stable diagnosis codes (docs: docs/diagnosis-codes.md) with layer and default severity.
 
 Codes are a contract with Grafana alerts, runbooks and `moptd replay --json`: a code never
 changes meaning; new ones may be added here.

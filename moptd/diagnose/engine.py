@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moptd.diagnose.expr import Compiled, Env, Expr, normalize_pci, truth
+from moptd.diagnose.expr import Compiled, Env, Expr, truth
 from moptd.diagnose.loader import PLACEHOLDER
 from moptd.diagnose.model import Branch, Rule, RuleSet, Verdict
 from moptd.observations import subject_id, subject_kind
+from moptd.proc.pci import normalize_pci
 from moptd.store import SignalStore
 
 Status = Literal["match", "ok", "unknown"]

@@ -11,7 +11,6 @@ any other use of unknown is unknown.
 from __future__ import annotations
 
 import ast
-import functools
 import math
 import operator
 import re
@@ -20,25 +19,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from moptd.catalog import SignalSpec
+from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.durations import parse_duration
 from moptd.observations import Event, subject_kind
+from moptd.proc.pci import normalize_pci
 from moptd.store import EventLog, Series, SignalStore
 
 Value = float | str | bool | None
 Compiled = Callable[["Env"], object]
 
-# nvmlClocksEventReason* bits (nvml.h), named so rules read as words.
-CONSTANTS: dict[str, float] = {
-    "GPU_IDLE": 0x1,
-    "APPLICATIONS_CLOCKS_SETTING": 0x2,
-    "SW_POWER_CAP": 0x4,
-    "HW_SLOWDOWN": 0x8,
-    "SYNC_BOOST": 0x10,
-    "SW_THERMAL_SLOWDOWN": 0x20,
-    "HW_THERMAL_SLOWDOWN": 0x40,
-    "HW_POWER_BRAKE_SLOWDOWN": 0x80,
-    "DISPLAY_CLOCK_SETTING": 0x100,
-}
+# The clock-event reason bits, named so rules read as words (HW_SLOWDOWN).
+CONSTANTS: dict[str, float] = {name.upper(): float(bit) for bit, name in CLOCK_EVENT_REASONS}
 
 WINDOW_FUNCS = ("avg", "min", "max", "increase", "rate", "slope", "changes")
 SUMMED = frozenset({"increase", "rate", "changes"})  # summed over label sets, else max
@@ -701,19 +692,6 @@ def _event_keys(ev: Event) -> set[str]:
     if subject_kind(ev.subject) == "gpu" and (norm := normalize_pci(ev.subject[4:])):
         keys.add(norm)
     return keys
-
-
-_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
-
-
-@functools.lru_cache(maxsize=1024)  # every tick asks again for the same few addresses
-def normalize_pci(text: str) -> str | None:
-    """``0000:3b:00`` (kernel), ``00000000:3B:00.0`` (nvidia-smi) -> ``0000:3b:00.0``."""
-    m = _PCI.match(text.strip())
-    if not m:
-        return None
-    domain = (m.group(1) or "0000")[-4:]
-    return f"{domain}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}".lower()
 
 
 def _and(parts: list[Compiled]) -> Compiled:

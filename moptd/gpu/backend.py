@@ -28,8 +28,8 @@ from moptd.gpu.readings import (
     ProcessReading,
     SlowReading,
     StaticReading,
-    normalise_pci_bus_id,
 )
+from moptd.proc.pci import pci_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -212,7 +212,7 @@ class NvmlBackend:
         return StaticReading(
             index=index,
             uuid=_text(q(index, pynvml.nvmlDeviceGetUUID, h) or ""),
-            pci_bus_id=normalise_pci_bus_id(_text(pci.busId)) if pci is not None else "",
+            pci_bus_id=pci_key(_text(pci.busId)) if pci is not None else "",
             name=_text(q(index, pynvml.nvmlDeviceGetName, h) or ""),
             serial=_text(q(index, pynvml.nvmlDeviceGetSerial, h) or ""),
             vbios=_text(q(index, pynvml.nvmlDeviceGetVbiosVersion, h) or ""),

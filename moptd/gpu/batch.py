@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.gpu.readings import (
-    CLOCK_EVENT_REASONS,
     FastReading,
     ProcessReading,
     SlowReading,

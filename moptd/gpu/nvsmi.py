@@ -32,9 +32,9 @@ from moptd.gpu.readings import (
     ProcessReading,
     SlowReading,
     StaticReading,
-    normalise_pci_bus_id,
 )
 from moptd.observations import Batch
+from moptd.proc.pci import pci_key
 
 MIB = 1024 * 1024
 
@@ -673,7 +673,7 @@ def _gpu(index: int, root: _Node, dump: NvsmiDump, fmt: _Format) -> NvsmiGpu:
     static = StaticReading(
         index=index,
         uuid=r.text(*place("uuid")),
-        pci_bus_id=normalise_pci_bus_id(r.text(*place("pci_bus_id")) or root.value),
+        pci_bus_id=pci_key(r.text(*place("pci_bus_id")) or root.value),
         name=r.text(*place("name")),
         serial=r.text(*place("serial")),
         vbios=r.text(*place("vbios")),

@@ -17,20 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-# nvmlClocksEventReason* bits (gpu-health-anchors.md §c1) and the label values of
-# gpu.clock_event_active; `moptd status` decodes the bitmask with the same table.
-CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-
 # Label values of gpu.clock_event_time: the cumulative counters NVML keeps (field
 # values 74, 76, 269, 270, 271 and nvidia-smi's "Clocks Event Reasons Counters").
 CLOCK_EVENT_COUNTERS = (
@@ -206,17 +192,6 @@ def merge_costly(slow: SlowReading | None, costly: SlowReading | None) -> SlowRe
         energy=costly.energy,
         clock_event_time={**slow.clock_event_time, **costly.clock_event_time},
     )
-
-
-def normalise_pci_bus_id(raw: str) -> str:
-    """NVML's "00000000:3B:00.0" and nvidia-smi's forms -> "0000:3b:00.0" (bundle.md)."""
-    s = raw.strip().lower()
-    if ":" not in s:
-        return s
-    domain, rest = s.split(":", 1)
-    if len(domain) > 4:
-        domain = domain[-4:]
-    return f"{domain.zfill(4)}:{rest}"
 
 
 R = TypeVar("R", StaticReading, FastReading, SlowReading)

@@ -13,10 +13,11 @@ from typing import Any
 
 from moptd.kernel.incidents import IncidentTracker
 from moptd.kernel.logparse import KernelRecord
-from moptd.kernel.patterns import KernelMatcher, Match, normalise_bus
+from moptd.kernel.patterns import KernelMatcher, Match
 from moptd.kernel.xid import xid_info
 from moptd.observations import NODE, Event, gpu_subject
 from moptd.proc.info import process_info
+from moptd.proc.pci import pci_key
 
 _GPU_STREAMS = frozenset({"kernel.xid", "kernel.gpu_fallen_off_bus"})
 
@@ -37,8 +38,8 @@ class Attributor:
         self.set_gpus(gpu_index_by_bus or {}, uuid_by_bus or {})
 
     def set_gpus(self, index_by_bus: Mapping[str, int], uuid_by_bus: Mapping[str, str]) -> None:
-        self.gpu_index_by_bus = {normalise_bus(k): v for k, v in index_by_bus.items()}
-        self.uuid_by_bus = {normalise_bus(k): v for k, v in uuid_by_bus.items()}
+        self.gpu_index_by_bus = {pci_key(k): v for k, v in index_by_bus.items()}
+        self.uuid_by_bus = {pci_key(k): v for k, v in uuid_by_bus.items()}
 
     def gpu_subject_for(self, bus: str) -> str:
         index = self.gpu_index_by_bus.get(bus)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moptd.proc.info import parse_cgroup
+from moptd.proc.pci import pci_key
 
 _BUS = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 
@@ -105,22 +106,6 @@ MAX_UUIDS = 256
 MAX_OOM_MEMCG = 64
 
 
-def normalise_bus(raw: str) -> str:
-    """Every PCI address form -> lower-case ``dddd:bb:dd.f`` (bundle.md): the kernel's
-    ``0000:3b:00`` gains ``.0``; NVML's eight-digit domain is cut to four."""
-    s = raw.strip().lower().removeprefix("pci:")
-    parts = s.split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0000")
-    if len(parts) != 3:
-        return s
-    domain, bus, devfn = parts
-    domain = domain[-4:].zfill(4)
-    if "." not in devfn:
-        devfn += ".0"
-    return f"{domain}:{bus}:{devfn}"
-
-
 def _aer_severity(raw: str) -> str:
     s = raw.strip().lower()
     if s.startswith("corrected"):
@@ -162,7 +147,7 @@ def parse_xid(line: str) -> dict[str, Any] | None:
         message = (pm.group("msg") or "").strip()
     fields: dict[str, Any] = {
         "code": int(m.group("code")),
-        "pci_bus_id": normalise_bus(m.group("bus")),
+        "pci_bus_id": pci_key(m.group("bus")),
         "pid": pid,
         "process": process,
         "message": message,
@@ -231,7 +216,7 @@ class KernelMatcher:
                 sev = (m.group("sev") or "").lower().replace("-", "")
                 fields = {
                     "code": int(m.group("code")),
-                    "pci_bus_id": normalise_bus(m.group("bus")),
+                    "pci_bus_id": pci_key(m.group("bus")),
                     "device": m.group("dev"),
                     "fatal": None if not sev else sev == "fatal",
                     "message": (m.group("msg") or "").strip(),
@@ -248,7 +233,7 @@ class KernelMatcher:
             return [Match("kernel.xid", fields, line)]
         m = GPU_UUID.search(line)
         if m is not None:
-            bus = normalise_bus(m.group("bus"))
+            bus = pci_key(m.group("bus"))
             self.uuid_by_bus[bus] = m.group("uuid")
             self.uuid_by_bus.move_to_end(bus)
             while len(self.uuid_by_bus) > MAX_UUIDS:
@@ -256,7 +241,7 @@ class KernelMatcher:
             return []
         m = FALLEN_SINGLE.search(line)
         if m is not None:
-            bus = normalise_bus(m.group("bus"))
+            bus = pci_key(m.group("bus"))
             return [Match("kernel.gpu_fallen_off_bus", {"pci_bus_id": bus, "pci_id": ""}, line)]
         if FALLEN_TAIL.search(line):
             window = "\n".join(self._recent)
@@ -265,7 +250,7 @@ class KernelMatcher:
                 self._recent.clear()
                 pid_m = FALLEN_PCI_ID.search(window)
                 fields = {
-                    "pci_bus_id": normalise_bus(head.group("bus")),
+                    "pci_bus_id": pci_key(head.group("bus")),
                     "pci_id": "" if pid_m is None else pid_m.group("id").lower(),
                 }
                 return [Match("kernel.gpu_fallen_off_bus", fields, window[head.start() :])]
@@ -295,7 +280,7 @@ class KernelMatcher:
                     "reason": reason.format(**groups).strip(),
                 }
                 if groups.get("bus"):
-                    fields["pci_bus_id"] = normalise_bus(groups["bus"])
+                    fields["pci_bus_id"] = pci_key(groups["bus"])
                 return [Match("kernel.module_load_failure", fields, line)]
         return []
 
@@ -331,7 +316,7 @@ class KernelMatcher:
             if m is None:
                 return []
             fields = {
-                "pci_bus_id": normalise_bus(m.group("bus")),
+                "pci_bus_id": pci_key(m.group("bus")),
                 "severity": _aer_severity(m.group("sev")),
                 "type": (m.group("type") or "").strip(),
             }

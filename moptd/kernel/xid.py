@@ -18,7 +18,7 @@ from moptd import yamlsafe
 
 CATALOG_PATH = Path(__file__).with_name("xid_catalog.yaml")
 
-# The codes of spec/diagnosis-codes.md an Xid may lead to (a subset of all codes).
+# The codes of docs/diagnosis-codes.md an Xid may lead to (a subset of all codes).
 XID_DIAGNOSES = frozenset(
     {
         "GPU_LOST",

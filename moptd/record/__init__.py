@@ -1,1 +1,1 @@
-"""`moptd record`: write a moptd-bundle/v1 (spec/bundle.md) from the live host."""
+"""`moptd record`: write a moptd-bundle/v1 (docs/bundle.md) from the live host."""

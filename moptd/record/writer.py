@@ -1,4 +1,4 @@
-"""Record a bundle from the live host, in the layout of spec/bundle.md.
+"""Record a bundle from the live host, in the layout of docs/bundle.md.
 
 Every file is the tool's or the kernel's own format, so a bundle recorded here reads the
 same as one pasted together by hand. What cannot be captured (no nvidia-smi, no NVML, no

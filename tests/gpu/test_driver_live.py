@@ -14,8 +14,8 @@ import pytest
 
 from moptd.collector import CollectorContext
 from moptd.collectors.driver import DriverCollector, gpu_identities, parse_module_version
-from moptd.kernel.patterns import normalise_bus
 from moptd.observations import Batch
+from moptd.proc.pci import pci_key
 
 pytestmark = pytest.mark.gpu
 
@@ -82,8 +82,8 @@ def test_gpu_map_matches_nvidia_smi():
     expected_uuid = {}
     for row in rows.strip().splitlines():
         index, bus, uuid = (c.strip() for c in row.split(","))
-        expected_index[normalise_bus(bus)] = int(index)
-        expected_uuid[normalise_bus(bus)] = uuid
+        expected_index[pci_key(bus)] = int(index)
+        expected_uuid[pci_key(bus)] = uuid
     index_by_bus, uuid_by_bus, version = gpu_identities(Path("/proc"))
     assert index_by_bus == expected_index
     assert uuid_by_bus == expected_uuid
