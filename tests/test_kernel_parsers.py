@@ -1,8 +1,8 @@
 """Kernel-log formats and message matchers, on real lines.
 
 Each quoted line names its source (docs/reference/gpu-health-anchors.md §b3 gives the
-details). Where a variant exists only as the driver's format string (MIG ``GPU-I``/``GPU-CI``), the line is
-that format string filled in, and says so.
+details). Where a variant exists only as the driver's format string (MIG
+``GPU-I``/``GPU-CI``), the line is that format string filled in, and says so.
 """
 
 from __future__ import annotations
