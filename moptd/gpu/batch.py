@@ -3,8 +3,10 @@ live collector, the recorded backend and the nvidia-smi dump readers agree exact
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
+from moptd.catalog import CATALOG
 from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.gpu.readings import (
     FastReading,
@@ -14,51 +16,25 @@ from moptd.gpu.readings import (
 )
 from moptd.observations import Batch, Labels, Sample, gpu_subject, labels_of
 
-_STATIC_FIELDS = (
-    "sm_clock_max",
-    "mem_clock_max",
-    "power_limit",
-    "power_limit_default",
-    "pcie_link_gen_max",
-    "pcie_link_width_max",
-    "ecc_enabled",
-    "ecc_pending",
-    "persistence_mode",
-    "compute_mode",
-    "mig_mode",
-)
-_FAST_FIELDS = (
-    "util",
-    "mem_util",
-    "memory_total",
-    "memory_used",
-    "memory_free",
-    "memory_reserved",
-    "temperature",
-    "power",
-    "sm_clock",
-    "mem_clock",
-    "pstate",
-)
-_SLOW_FIELDS = (
-    "memory_temperature",
-    "energy",
-    "bar1_total",
-    "bar1_used",
-    "pcie_link_gen",
-    "pcie_link_width",
-    "pcie_replays",
-    "ecc_volatile_corrected",
-    "ecc_volatile_uncorrected",
-    "ecc_aggregate_corrected",
-    "ecc_aggregate_uncorrected",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "remap_pending",
-    "remap_failure",
-    "nvlink_links_active",
-    "recovery_action",
-)
+# The identity fields become attributes and gpu.info labels; the rest are derived below.
+_IDENTITY = ("index", "uuid", "pci_bus_id", "name", "serial", "vbios", "driver_version")
+
+
+def _plain_fields(cls: type) -> tuple[str, ...]:
+    """A reading's plain (number or None) fields that are each one unlabelled gpu.<field>
+    signal of the catalog. A GPU field is declared by its reading field and its SignalSpec,
+    and nothing else lists it. Mappings (clock-event time, NVLink counters), retired pages
+    by cause, the reason bitmask and processes are shaped differently: added below."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is None and f.name not in _IDENTITY and f"gpu.{f.name}" in CATALOG
+    )
+
+
+_STATIC_FIELDS = _plain_fields(StaticReading)
+_FAST_FIELDS = tuple(f for f in _plain_fields(FastReading) if f != "clock_event_reasons")
+_SLOW_FIELDS = _plain_fields(SlowReading)
 
 
 def add_static(batch: Batch, r: StaticReading) -> None:
@@ -137,8 +113,6 @@ def add_slow(batch: Batch, index: int, r: SlowReading) -> None:
     for cause, v in (("single_bit", r.retired_pages_sbe), ("double_bit", r.retired_pages_dbe)):
         if v is not None:
             batch.add("gpu.retired_pages", subject, float(v), labels_of(cause=cause))
-    if r.retired_pages_pending is not None:
-        batch.add("gpu.retired_pages_pending", subject, float(r.retired_pages_pending))
     _add_labelled(batch, "gpu.clock_event_time", subject, "reason", r.clock_event_time)
     _add_labelled(batch, "gpu.nvlink_errors", subject, "counter", r.nvlink_errors)
     add_processes(batch, index, r.processes)

@@ -1,0 +1,72 @@
+"""A GPU field is declared twice only: as a reading field (moptd/gpu/readings.py) and as its
+signal (moptd/catalog/gpu.py). The sample builder derives its lists from both; these tests
+hold the two declarations in step, so a field added to one and not the other fails here
+instead of going missing from /metrics in silence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from moptd.catalog import CATALOG
+from moptd.gpu.batch import gpu_batch
+from moptd.gpu.readings import FastReading, ProcessReading, SlowReading, StaticReading
+
+# Reading fields that are not a signal of their own name, and the signal each one feeds.
+SHAPED = {
+    "index": "(the subject)",
+    "uuid": "gpu.info attribute",
+    "pci_bus_id": "gpu.info",
+    "name": "gpu.info",
+    "serial": "gpu.info",
+    "vbios": "gpu.info",
+    "driver_version": "gpu.info",
+    "clock_event_reasons": "gpu.clock_event_reasons",
+    "retired_pages_sbe": "gpu.retired_pages",
+    "retired_pages_dbe": "gpu.retired_pages",
+    "processes": "process.gpu_memory",
+}
+# gpu.* signals the collectors add beside a reading: the NVML collector's own (lost, last
+# error, Xid events) and the kernel-log collector's Xid counts.
+COLLECTOR_SIGNALS = {
+    "gpu.lost",
+    "gpu.nvml_error",
+    "gpu.xid_event",
+    "gpu.xid_errors",
+    "gpu.xid_last_time",
+}
+
+
+def _full(cls: type, **extra: object) -> object:
+    """A reading with every field set to a value of its shape."""
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in extra:
+            values[f.name] = extra[f.name]
+        elif f.name in ("clock_event_time", "nvlink_errors"):
+            values[f.name] = {"a": 1.0}
+        elif f.name == "processes":
+            values[f.name] = (ProcessReading(pid=42, used_memory=1.0, name="python"),)
+        elif f.default is None:
+            values[f.name] = 1
+        else:
+            values[f.name] = "x"
+    return cls(**values)
+
+
+def test_every_reading_field_is_a_signal_or_shaped():
+    for cls in (StaticReading, FastReading, SlowReading):
+        for f in dataclasses.fields(cls):
+            assert f"gpu.{f.name}" in CATALOG or f.name in SHAPED, (
+                f"{cls.__name__}.{f.name} has no signal gpu.{f.name} in moptd/catalog/gpu.py"
+            )
+
+
+def test_a_full_reading_yields_every_gpu_signal_of_the_catalog():
+    static = _full(StaticReading, index=0)
+    fast = _full(FastReading, clock_event_reasons=0x8)
+    slow = _full(SlowReading)
+    batch = gpu_batch(static, fast, slow, ages={"fast": 0.1})  # type: ignore[arg-type]
+    produced = {s.signal for s in batch.samples}
+    wanted = {name for name in CATALOG if name.startswith("gpu.")} - COLLECTOR_SIGNALS
+    assert wanted - produced == set(), "catalog signals no reading produces"
+    assert produced - set(CATALOG) == set(), "samples of signals the catalog does not declare"
