@@ -1,6 +1,6 @@
 """Signals about moptd itself: collector health and build facts."""
 
-from moptd.catalog import SignalSpec
+from moptd.catalog.spec import SignalSpec
 
 SIGNALS = [
     SignalSpec(

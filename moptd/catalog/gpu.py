@@ -8,7 +8,7 @@ every ``static_interval`` (300 s; max clocks about 1.4 ms each). Costs measured 
 driver 580 (bench/nvml_cost.py). moptd_gpu_sample_age_seconds gives the age of each tier.
 """
 
-from moptd.catalog import SignalSpec
+from moptd.catalog.spec import SignalSpec
 
 # nvmlClocksEventReason* bits (nvml.h; docs/reference/gpu-health-anchors.md §c1): the label
 # values of gpu.clock_event_active, the names rules use for the bits (HW_SLOWDOWN, ...) and

@@ -1,6 +1,6 @@
 """Host signals (subject ``node``): memory, swap, CPU, load, disks, vm.swappiness."""
 
-from moptd.catalog import SignalSpec
+from moptd.catalog.spec import SignalSpec
 
 
 def _n(

@@ -5,7 +5,7 @@ the driver collector and the ``container.*`` facts from the container collector.
 signals carry their text in labels and the value 1.
 """
 
-from moptd.catalog import SignalSpec
+from moptd.catalog.spec import SignalSpec
 
 _XID_FIELDS = (
     "code",

@@ -7,7 +7,7 @@ and the managed-process supervisor (moptd/serving/) fill them; the event streams
 come from the serving log and the supervisor.
 """
 
-from moptd.catalog import SignalSpec
+from moptd.catalog.spec import SignalSpec
 
 
 def _s(
