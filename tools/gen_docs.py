@@ -3,7 +3,8 @@
 catalog), the key reference in docs/configuration.md (from the config schema), and from the
 diagnosis codes (moptd/diagnose/codes.py) the code, layer and severity enums of
 rules/schema/moptd-rules.schema.json (its action kinds from moptd/diagnose/model.py) and the
-code tables of docs/diagnosis-codes.md and docs/runbooks/README.md.
+code tables of docs/diagnosis-codes.md and docs/runbooks/README.md; the engine table of
+docs/serving.md from the engine registry (moptd/serving/engines/).
 
     python tools/gen_docs.py          # rewrite
     python tools/gen_docs.py --check  # exit 1 naming each stale file (CI)
@@ -27,6 +28,7 @@ from moptd.config import full_schema  # noqa: E402
 from moptd.daemon.exporter import SUBJECT_LABELS  # noqa: E402
 from moptd.diagnose.codes import CODES, LAYERS, SEVERITIES  # noqa: E402
 from moptd.diagnose.model import ACTION_KINDS  # noqa: E402
+from moptd.serving.engines import REGISTRY  # noqa: E402
 
 BEGIN = "<!-- BEGIN GENERATED: tools/gen_docs.py -->"
 END = "<!-- END GENERATED -->"
@@ -127,6 +129,25 @@ def code_table(link_runbooks: bool) -> str:
     return "\n".join(rows)
 
 
+def engine_table() -> str:
+    """The serving engines of moptd/serving/engines/ (docs/serving.md)."""
+    rows = [
+        "| engine | `engine:` | default `metrics_path` | read by its own reader | its series "
+        "| its own log lines |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in REGISTRY.values():
+        readers = ", ".join(f"`{path}`" for path in e.page_readers) or "-"
+        series = ", ".join(f"`{p}`" for p in (*e.prefixes, *e.aliases))
+        lines = ", ".join(f"`{needle}`" for needle, _ in e.log_parsers) or "-"
+        module = f"[{e.name}.py](../moptd/serving/engines/{e.name}.py)"
+        rows.append(
+            f"| {e.title} ({module}) | `{e.name}` | `{e.metrics_path}` | {readers} | {series} "
+            f"| {lines} |"
+        )
+    return "\n".join(rows)
+
+
 def rules_schema(text: str) -> str:
     """The rule schema with its code, layer and severity enums taken from codes.py (and the
     action kinds from the rule model)."""
@@ -160,6 +181,7 @@ def main() -> int:
         "docs/configuration.md": config_reference(),
         "docs/diagnosis-codes.md": code_table(link_runbooks=False),
         "docs/runbooks/README.md": code_table(link_runbooks=True),
+        "docs/serving.md": engine_table(),
     }
     for rel, body in sections.items():
         targets[REPO / rel] = replace_generated((REPO / rel).read_text(), body, rel)
