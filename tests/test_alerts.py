@@ -153,6 +153,37 @@ def test_an_untested_alert_is_named(repo_copy):
     assert "alert MoptdGPULostAgain has no promtool test case where it fires" in result.stderr
 
 
+def test_an_alert_whose_severity_differs_from_its_code_is_named(repo_copy):
+    edit_rules(repo_copy, lambda d: rule(d, "MoptdGPULost")["labels"].update(severity="warning"))
+    result = run_check(repo_copy)
+    assert result.returncode == 1
+    assert (
+        "alert MoptdGPULost: severity warning but GPU_LOST's default severity is critical"
+        in result.stderr
+    )
+
+
+def test_a_severity_without_a_finding_alert_is_named(repo_copy):
+    def edit(doc):
+        rules = doc["groups"][0]["rules"]
+        rules.remove(rule(doc, "MoptdFindingInfo"))
+
+    edit_rules(repo_copy, edit)
+    result = run_check(repo_copy)
+    assert result.returncode == 1
+    assert 'no alert on moptd_finding_active{severity="info"}' in result.stderr
+
+
+def test_a_code_missing_from_the_docs_table_is_named(repo_copy):
+    path = repo_copy / "docs/diagnosis-codes.md"
+    path.write_text("".join(
+        line for line in path.read_text().splitlines(keepends=True) if "| SWAP_ACTIVE |" not in line
+    ))
+    result = run_check(repo_copy)
+    assert result.returncode == 1
+    assert "docs/diagnosis-codes.md: SWAP_ACTIVE is missing from the table" in result.stderr
+
+
 def test_every_alert_has_a_known_severity():
     doc = yaml.safe_load((ALERTS / "moptd.rules.yaml").read_text())
     severities = {r["labels"]["severity"] for g in doc["groups"] for r in g["rules"]}

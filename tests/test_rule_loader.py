@@ -153,15 +153,17 @@ def test_every_engine_code_is_reachable() -> None:
 
     loaded = load_rules([default_rules_dir()])
     reached = {v.code for r in loaded.ruleset.rules for v in r.verdicts()}
-    wanted = {c for c, (layer, _) in CODES.items() if layer in ENGINE_LAYERS}
+    wanted = {c for c, info in CODES.items() if info.layer in ENGINE_LAYERS}
     assert wanted - reached == set()
 
 
 def test_schema_file_agrees_with_the_code_table() -> None:
-    from moptd.diagnose.codes import CODES
+    from moptd.diagnose.codes import CODES, LAYERS, SEVERITIES
     from moptd.diagnose.loader import schema
     from moptd.diagnose.model import ACTION_KINDS
 
     s = schema()
-    assert set(s["$defs"]["verdict"]["properties"]["code"]["enum"]) == set(CODES)
+    assert s["$defs"]["verdict"]["properties"]["code"]["enum"] == list(CODES)
+    assert s["$defs"]["verdict"]["properties"]["severity"]["enum"] == list(SEVERITIES)
+    assert s["$defs"]["rule"]["properties"]["layer"]["enum"] == list(LAYERS)
     assert tuple(s["$defs"]["action"]["properties"]["kind"]["enum"]) == ACTION_KINDS

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Check that runbooks, diagnosis codes and alert rules agree.
 
-Fails, naming the offender, when: a diagnosis code has no runbook; a runbook names no known
-code; a runbook lacks one of its sections; the runbook index misses a code; an alert lacks a
-summary, a description or a runbook_url, or its runbook_url points at no file; an alert
-queries a metric the catalog lacks; an alert has no firing or no silent promtool test case.
+The codes come from moptd/diagnose/codes.py, their one declaration. Fails, naming the
+offender, when: a diagnosis code has no runbook; a runbook names no known code; a runbook
+lacks one of its sections; the runbook index or the table of docs/diagnosis-codes.md misses
+a code or lists an unknown one; an alert lacks a summary, a description or a runbook_url, or
+its runbook_url points at no file; an alert's code label is no code, or its severity label
+differs from the code's default severity; a severity has no alert on the findings of that
+severity; an alert queries a metric the catalog lacks; an alert has no firing or no silent
+promtool test case.
 
 Usage:
     python tools/check_runbooks.py [--repo DIR]
@@ -22,6 +26,10 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from moptd.diagnose.codes import CODES, SEVERITIES  # noqa: E402
+
 RUNBOOK_BASE = "https://github.com/moptd/moptd/blob/main/"
 CODE_TEMPLATE = "docs/runbooks/{{ $labels.code }}.md"
 CODE_FILE = re.compile(r"^[A-Z][A-Z0-9_]*\.md$")
@@ -53,7 +61,7 @@ def check_runbooks(repo: Path, codes: Iterable[str]) -> list[str]:
     for code in sorted(set(present) - known):
         problems.append(
             f"docs/runbooks/{code}.md: runbook for {code}, which is not a diagnosis code in "
-            "docs/diagnosis-codes.md"
+            "moptd/diagnose/codes.py"
         )
     for code in sorted(set(present) & known):
         text = present[code].read_text(encoding="utf-8")
@@ -90,11 +98,18 @@ def check_alert(
         if not str(annotations.get(key, "")).strip():
             problems.append(f"{where}: no {key} annotation")
     labels = rule.get("labels") or {}
-    if labels.get("severity") not in ("info", "warning", "critical"):
-        problems.append(f"{where}: severity label must be info, warning or critical")
+    severity = labels.get("severity")
+    if severity not in SEVERITIES:
+        problems.append(f"{where}: severity label must be {', '.join(SEVERITIES)}")
     code = labels.get("code")
     if code is not None and code not in codes:
         problems.append(f"{where}: code label {code!r} is not a diagnosis code")
+    elif code is not None and code in CODES and severity != CODES[code].severity:
+        # the alert pages as the finding of that code would, or the two disagree on a node
+        problems.append(
+            f"{where}: severity {severity} but {code}'s default severity is "
+            f"{CODES[code].severity} (moptd/diagnose/codes.py)"
+        )
     url = str(annotations.get("runbook_url", ""))
     if url:
         if not url.startswith(RUNBOOK_BASE):
@@ -123,6 +138,7 @@ def check_alerts(repo: Path, codes: Iterable[str], metrics: set[str] | None) -> 
     known = set(codes)
     alert_dir = repo / "grafana" / "alerts"
     names: dict[str, str] = {}
+    exprs: list[str] = []
     for path in sorted(alert_dir.glob("*.rules.yaml")):
         rel = str(path.relative_to(repo))
         try:
@@ -132,7 +148,16 @@ def check_alerts(repo: Path, codes: Iterable[str], metrics: set[str] | None) -> 
             continue
         for rule in _alerts(doc):
             names[str(rule["alert"])] = rel
+            exprs.append(" ".join(str(rule.get("expr", "")).split()))
             problems += check_alert(rel, rule, repo, known, metrics)
+    for severity in SEVERITIES:
+        # a new code needs no alert of its own: the finding alerts page for every code
+        selector = f'moptd_finding_active{{severity="{severity}"}}'
+        if not any(selector in expr for expr in exprs):
+            problems.append(
+                f"grafana/alerts: no alert on {selector}: findings of severity {severity} "
+                "would never page"
+            )
     firing: set[str] = set()
     silent: set[str] = set()
     for path in sorted(alert_dir.glob("*.rules.test.yaml")):
@@ -157,30 +182,23 @@ def catalog_metrics(repo: Path) -> set[str] | None:
     return set(CATALOG.by_metric())
 
 
-def engine_codes() -> set[str] | None:
-    try:
-        from moptd.diagnose.codes import CODES  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return set(CODES)
-
-
 def run(repo: Path) -> list[str]:
+    codes = list(CODES)
+    problems = []
     codes_doc = repo / "docs" / "diagnosis-codes.md"
     if not codes_doc.is_file():
-        return ["docs/diagnosis-codes.md: missing"]
-    codes = read_codes(codes_doc)
-    problems = []
-    if not codes:
-        problems.append("docs/diagnosis-codes.md: no code table found")
-    dupes = sorted({c for c in codes if codes.count(c) > 1})
-    problems += [f"docs/diagnosis-codes.md: {c} listed twice" for c in dupes]
-    engine = engine_codes()
-    if engine is not None:
-        for code in sorted(engine - set(codes)):
-            problems.append(f"moptd/diagnose/codes.py: {code} is not in docs/diagnosis-codes.md")
-        for code in sorted(set(codes) - engine):
-            problems.append(f"docs/diagnosis-codes.md: {code} is not in moptd/diagnose/codes.py")
+        problems.append("docs/diagnosis-codes.md: missing")
+    else:
+        table = read_codes(codes_doc)
+        dupes = sorted({c for c in table if table.count(c) > 1})
+        problems += [f"docs/diagnosis-codes.md: {c} listed twice" for c in dupes]
+        hint = "(run python tools/gen_docs.py)"
+        for code in sorted(set(codes) - set(table)):
+            problems.append(f"docs/diagnosis-codes.md: {code} is missing from the table {hint}")
+        for code in sorted(set(table) - set(codes)):
+            problems.append(
+                f"docs/diagnosis-codes.md: {code} is not in moptd/diagnose/codes.py {hint}"
+            )
     problems += check_runbooks(repo, codes)
     problems += check_alerts(repo, codes, catalog_metrics(repo))
     return problems

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerate the parts of docs/ that derive from code: docs/metrics.md (from the signal
-catalog) and the key reference in docs/configuration.md (from the config schema).
+"""Regenerate the files and sections that derive from code: docs/metrics.md (from the signal
+catalog), the key reference in docs/configuration.md (from the config schema), and from the
+diagnosis codes (moptd/diagnose/codes.py) the code, layer and severity enums of
+rules/schema/moptd-rules.schema.json (its action kinds from moptd/diagnose/model.py) and the
+code tables of docs/diagnosis-codes.md and docs/runbooks/README.md; the engine table of
+docs/serving.md from the engine registry (moptd/serving/engines/).
 
     python tools/gen_docs.py          # rewrite
     python tools/gen_docs.py --check  # exit 1 naming each stale file (CI)
@@ -9,6 +13,7 @@ catalog) and the key reference in docs/configuration.md (from the config schema)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +26,9 @@ from moptd.catalog import CATALOG  # noqa: E402
 from moptd.collectors import registry  # noqa: E402
 from moptd.config import full_schema  # noqa: E402
 from moptd.daemon.exporter import SUBJECT_LABELS  # noqa: E402
+from moptd.diagnose.codes import CODES, LAYERS, SEVERITIES  # noqa: E402
+from moptd.diagnose.model import ACTION_KINDS  # noqa: E402
+from moptd.serving.engines import REGISTRY  # noqa: E402
 
 BEGIN = "<!-- BEGIN GENERATED: tools/gen_docs.py -->"
 END = "<!-- END GENERATED -->"
@@ -111,13 +119,54 @@ def config_reference() -> str:
     return "\n".join(rows)
 
 
-def replace_generated(text: str, body: str) -> str:
+def code_table(link_runbooks: bool) -> str:
+    """The table of diagnosis codes; the runbook index links each code to its runbook."""
+    meaning = "meaning" if link_runbooks else "what it means"
+    rows = [f"| layer | code | default severity | {meaning} |", "|---|---|---|---|"]
+    for code, info in CODES.items():
+        shown = f"[{code}]({code}.md)" if link_runbooks else code
+        rows.append(f"| {info.layer} | {shown} | {info.severity} | {info.meaning} |")
+    return "\n".join(rows)
+
+
+def engine_table() -> str:
+    """The serving engines of moptd/serving/engines/ (docs/serving.md)."""
+    rows = [
+        "| engine | `engine:` | default `metrics_path` | read by its own reader | its series "
+        "| its own log lines |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in REGISTRY.values():
+        readers = ", ".join(f"`{path}`" for path in e.page_readers) or "-"
+        series = ", ".join(f"`{p}`" for p in (*e.prefixes, *e.aliases))
+        lines = ", ".join(f"`{needle}`" for needle, _ in e.log_parsers) or "-"
+        module = f"[{e.name}.py](../moptd/serving/engines/{e.name}.py)"
+        rows.append(
+            f"| {e.title} ({module}) | `{e.name}` | `{e.metrics_path}` | {readers} | {series} "
+            f"| {lines} |"
+        )
+    return "\n".join(rows)
+
+
+def rules_schema(text: str) -> str:
+    """The rule schema with its code, layer and severity enums taken from codes.py (and the
+    action kinds from the rule model)."""
+    schema = json.loads(text)
+    schema["$defs"]["rule"]["properties"]["layer"]["enum"] = list(LAYERS)
+    schema["$defs"]["action"]["properties"]["kind"]["enum"] = list(ACTION_KINDS)
+    verdict = schema["$defs"]["verdict"]["properties"]
+    verdict["code"]["enum"] = list(CODES)
+    verdict["severity"]["enum"] = list(SEVERITIES)
+    return json.dumps(schema, indent=2) + "\n"
+
+
+def replace_generated(text: str, body: str, rel: str) -> str:
     head, sep, rest = text.partition(BEGIN)
     if not sep:
-        raise SystemExit("docs/configuration.md lacks the generated-section marker")
+        raise SystemExit(f"{rel} lacks the generated-section marker {BEGIN}")
     _, sep2, tail = rest.partition(END)
     if not sep2:
-        raise SystemExit("docs/configuration.md lacks the end marker")
+        raise SystemExit(f"{rel} lacks the end marker {END}")
     return f"{head}{BEGIN}\n{body}\n{END}{tail}"
 
 
@@ -128,8 +177,16 @@ def main() -> int:
     targets = {
         REPO / "docs/metrics.md": metrics_doc() + "\n",
     }
-    conf = REPO / "docs/configuration.md"
-    targets[conf] = replace_generated(conf.read_text(), config_reference())
+    sections = {
+        "docs/configuration.md": config_reference(),
+        "docs/diagnosis-codes.md": code_table(link_runbooks=False),
+        "docs/runbooks/README.md": code_table(link_runbooks=True),
+        "docs/serving.md": engine_table(),
+    }
+    for rel, body in sections.items():
+        targets[REPO / rel] = replace_generated((REPO / rel).read_text(), body, rel)
+    schema = REPO / "rules/schema/moptd-rules.schema.json"
+    targets[schema] = rules_schema(schema.read_text())
     stale = []
     for path, content in targets.items():
         current = path.read_text() if path.exists() else ""

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,11 +28,11 @@ from moptd.collector import (
 from moptd.durations import parse_duration
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving import gates, proctree
-from moptd.serving.engines import EngineView, view_from_samples, view_from_trtllm_stats
+from moptd.serving.engines import EngineView, add_running_totals, read_page
 from moptd.serving.http import FetchError, new_session, request
 from moptd.serving.logsource import LogFollower, fill_log_state
 from moptd.serving.probes import ProbeResult, probe_generate, probe_health, probe_models
-from moptd.serving.promtext import PromParseError, parse
+from moptd.serving.promtext import PromParseError
 from moptd.serving.signals import HistogramWindow, fill_view
 from moptd.serving.spec import (
     Endpoint,
@@ -50,7 +50,7 @@ from moptd.serving.systemd import SystemdSupervisor
 class _EndpointState:
     window: HistogramWindow | None = None
     failures: int = 0
-    trt_steps: float = 0.0
+    running_totals: dict[str, float] = field(default_factory=dict)  # an engine's per-read counts
     model: str = ""
     generate: ProbeResult | None = None
     generate_task: asyncio.Task[ProbeResult] | None = None
@@ -210,9 +210,7 @@ class ServingCollector(Collector):
         b.add("serving.scrape_failures", s, float(st.failures))
         b.describe(s, endpoint=ep.url, engine=ep.engine, scrape_error=error)
         if view is not None:
-            if ep.engine == "trtllm" and "steps_since_last" in view.scalars:
-                st.trt_steps += view.scalars.pop("steps_since_last")
-                view.scalars["steps"] = st.trt_steps
+            add_running_totals(ep.engine, view, st.running_totals)
             self._fill(b, s, st, view, now)
         await self._probes(b, s, ep, st, now)
         version = getattr(getattr(self.supervisor, "log_state", None), "version", "")
@@ -298,9 +296,7 @@ class ServingCollector(Collector):
 
 
 def _engine_view(ep: Endpoint, body: bytes) -> EngineView:
-    if ep.engine == "trtllm" and ep.metrics_path == "/metrics":
-        return view_from_trtllm_stats(body)
-    return view_from_samples(parse(body.decode("utf-8")))
+    return read_page(ep.engine, ep.metrics_path, body)
 
 
 def _scan(path: Path) -> gates.ModelFiles | None:

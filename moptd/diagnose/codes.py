@@ -1,61 +1,251 @@
-"""The stable diagnosis codes (docs: docs/diagnosis-codes.md) with layer and default severity.
+"""The stable diagnosis codes, declared once: code -> layer, default severity, meaning.
 
 Codes are a contract with Grafana alerts, runbooks and `moptd replay --json`: a code never
-changes meaning; new ones may be added here.
+changes meaning; new ones may be added here. Everything else that lists the codes derives
+from this table: `python tools/gen_docs.py` writes the rule schema's enum and the tables of
+docs/diagnosis-codes.md and docs/runbooks/README.md (the tests fail when they are stale), and
+`tools/check_runbooks.py` (run by the tests) wants one runbook per code here.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 
-# code -> (layer, default severity)
-CODES: dict[str, tuple[str, Severity]] = {
-    "GPU_LOST": ("hardware", "critical"),
-    "ECC_UNCORRECTABLE": ("hardware", "critical"),
-    "ECC_CORRECTABLE_RATE_HIGH": ("hardware", "warning"),
-    "ROW_REMAP_PENDING": ("hardware", "warning"),
-    "ROW_REMAP_FAILURE": ("hardware", "critical"),
-    "NVLINK_ERROR": ("hardware", "warning"),
-    "PCIE_LINK_DEGRADED": ("hardware", "warning"),
-    "PCIE_REPLAY_RATE_HIGH": ("hardware", "warning"),
-    "THERMAL_THROTTLE": ("hardware", "warning"),
-    "HW_SLOWDOWN": ("hardware", "critical"),
-    "POWER_CAPPED": ("hardware", "info"),
-    "POWER_LIMIT_REDUCED": ("hardware", "warning"),
-    "GPU_RESET_REQUIRED": ("hardware", "critical"),
-    "DRIVER_NOT_LOADED": ("driver", "critical"),
-    "DRIVER_VERSION_MISMATCH": ("driver", "critical"),
-    "UVM_NOT_LOADED": ("driver", "critical"),
-    "DEVICE_NODE_PROBLEM": ("driver", "critical"),
-    "PERSISTENCE_MODE_OFF": ("driver", "info"),
-    "MODULE_KERNEL_MISMATCH": ("driver", "critical"),
-    "SECURE_BOOT_BLOCKED": ("driver", "critical"),
-    "GSP_FIRMWARE_ERROR": ("driver", "critical"),
-    "XID_APPLICATION_FAULT": ("driver", "warning"),
-    "CONTAINER_RUNTIME_NOT_CONFIGURED": ("container", "warning"),
-    "CDI_SPEC_STALE": ("container", "critical"),
-    "SERVING_DOWN": ("framework", "critical"),
-    "ENGINE_DEAD": ("framework", "critical"),
-    "SCHEDULER_STALL": ("framework", "critical"),
-    "GPU_UNDERUTILIZED_QUEUEING": ("framework", "warning"),
-    "SERVING_CPU_BOUND": ("framework", "warning"),
-    "KV_CACHE_PRESSURE": ("framework", "warning"),
-    "PREEMPTION_STORM": ("framework", "warning"),
-    "QUEUE_LATENCY_HIGH": ("framework", "warning"),
-    "CUDA_GRAPHS_DISABLED": ("framework", "info"),
-    "PORT_CONFLICT": ("framework", "critical"),
-    "TOKENIZER_MISSING": ("model", "critical"),
-    "UNSAFE_WEIGHT_FORMAT": ("model", "info"),
-    "CUDA_OOM": ("memory", "critical"),
-    "CUDA_OOM_FRAGMENTATION": ("memory", "warning"),
-    "GPU_MEMORY_LEAK": ("memory", "warning"),
-    "HOST_OOM_KILL": ("host", "critical"),
-    "HOST_MEMORY_LOW": ("host", "warning"),
-    "SWAP_ACTIVE": ("host", "warning"),
-    "DISK_SPACE_LOW": ("host", "warning"),
+
+class Code(NamedTuple):
+    layer: str
+    severity: Severity  # the default; a rule may raise it with evidence
+    meaning: str  # one line, for the docs tables (no "|")
+
+
+CODES: dict[str, Code] = {
+    "GPU_LOST": Code(
+        "hardware",
+        "critical",
+        "GPU fell off the bus / NVML reports it lost; node needs a drain and reboot",
+    ),
+    "ECC_UNCORRECTABLE": Code(
+        "hardware",
+        "critical",
+        "uncorrectable ECC error (Xid 48, 94, 95, volatile DBE count rising)",
+    ),
+    "ECC_CORRECTABLE_RATE_HIGH": Code(
+        "hardware",
+        "warning",
+        "single-bit ECC errors arriving fast (Xid 92, corrected count rising)",
+    ),
+    "ROW_REMAP_PENDING": Code(
+        "hardware",
+        "warning",
+        "a row remap is pending: reset the GPU when drained to apply it",
+    ),
+    "ROW_REMAP_FAILURE": Code(
+        "hardware",
+        "critical",
+        "row remapping failed (Xid 64, remap failure flag): RMA candidate",
+    ),
+    "NVLINK_ERROR": Code(
+        "hardware",
+        "warning",
+        "NVLink errors (Xid 74, CRC/replay/recovery counters rising)",
+    ),
+    "PCIE_LINK_DEGRADED": Code(
+        "hardware",
+        "warning",
+        (
+            "link width below the maximum, or generation below the maximum while the GPU is "
+            "busy (a lower generation at idle is power saving, not a fault)"
+        ),
+    ),
+    "PCIE_REPLAY_RATE_HIGH": Code(
+        "hardware",
+        "warning",
+        "PCIe replay counter rising: signal-integrity trouble",
+    ),
+    "THERMAL_THROTTLE": Code(
+        "hardware",
+        "warning",
+        "HW or SW thermal slowdown active",
+    ),
+    "HW_SLOWDOWN": Code(
+        "hardware",
+        "critical",
+        "HW slowdown or power-brake slowdown active (external signal, PSU, sensors)",
+    ),
+    "POWER_CAPPED": Code(
+        "hardware",
+        "info",
+        (
+            "clocks held down by the software power cap under load (normal at full load; shown so "
+            "util figures are read right)"
+        ),
+    ),
+    "POWER_LIMIT_REDUCED": Code(
+        "hardware",
+        "warning",
+        "enforced power limit below the default limit",
+    ),
+    "GPU_RESET_REQUIRED": Code(
+        "hardware",
+        "critical",
+        (
+            "the driver asks for a GPU reset or node reboot (Xid 154 recovery action, Xid "
+            "62/119/120 and kin)"
+        ),
+    ),
+    "DRIVER_NOT_LOADED": Code(
+        "driver",
+        "critical",
+        "nvidia kernel module not loaded / NVML cannot initialise",
+    ),
+    "DRIVER_VERSION_MISMATCH": Code(
+        "driver",
+        "critical",
+        'user-space driver (NVML) and kernel module versions differ, or NVRM "API mismatch"',
+    ),
+    "UVM_NOT_LOADED": Code(
+        "driver",
+        "critical",
+        "nvidia_uvm missing or /dev/nvidia-uvm absent: CUDA cannot start",
+    ),
+    "DEVICE_NODE_PROBLEM": Code(
+        "driver",
+        "critical",
+        "/dev/nvidia* node missing or not accessible to the serving user",
+    ),
+    "PERSISTENCE_MODE_OFF": Code(
+        "driver",
+        "info",
+        "neither persistence mode nor nvidia-persistenced: slow first CUDA init, lost state",
+    ),
+    "MODULE_KERNEL_MISMATCH": Code(
+        "driver",
+        "critical",
+        "DKMS built the module for another kernel than the running one",
+    ),
+    "SECURE_BOOT_BLOCKED": Code(
+        "driver",
+        "critical",
+        "module load refused by lockdown / signature checks",
+    ),
+    "GSP_FIRMWARE_ERROR": Code(
+        "driver",
+        "critical",
+        "GSP RPC timeout or GSP error (Xid 119, 120)",
+    ),
+    "XID_APPLICATION_FAULT": Code(
+        "driver",
+        "warning",
+        "Xid 13, 31, 43, 45 and kin: a process faulted on the GPU; the GPU itself is fine",
+    ),
+    "CONTAINER_RUNTIME_NOT_CONFIGURED": Code(
+        "container",
+        "warning",
+        "a container engine is present but neither the nvidia runtime nor a CDI spec is set up",
+    ),
+    "CDI_SPEC_STALE": Code(
+        "container",
+        "critical",
+        "CDI spec names a driver version other than the running one (after a driver upgrade)",
+    ),
+    "SERVING_DOWN": Code(
+        "framework",
+        "critical",
+        "the serving process is gone or its health probe fails",
+    ),
+    "ENGINE_DEAD": Code(
+        "framework",
+        "critical",
+        "the process answers but its engine is dead (EngineDeadError, generation probe fails)",
+    ),
+    "SCHEDULER_STALL": Code(
+        "framework",
+        "critical",
+        "requests wait, none finish, no tokens are generated",
+    ),
+    "GPU_UNDERUTILIZED_QUEUEING": Code(
+        "framework",
+        "warning",
+        "GPU busy well below capacity while requests queue (scheduler, CPU or config bound)",
+    ),
+    "SERVING_CPU_BOUND": Code(
+        "framework",
+        "warning",
+        "the serving process's CPU use sits at its ceiling while the GPU waits",
+    ),
+    "KV_CACHE_PRESSURE": Code(
+        "framework",
+        "warning",
+        "KV-cache usage pinned near full",
+    ),
+    "PREEMPTION_STORM": Code(
+        "framework",
+        "warning",
+        "requests preempted at a high rate for lack of KV-cache space",
+    ),
+    "QUEUE_LATENCY_HIGH": Code(
+        "framework",
+        "warning",
+        "time spent queued (p99) above the objective",
+    ),
+    "CUDA_GRAPHS_DISABLED": Code(
+        "framework",
+        "info",
+        "serving runs eager (--enforce-eager or graph capture failed) in production",
+    ),
+    "PORT_CONFLICT": Code(
+        "framework",
+        "critical",
+        "the serving port is held by another process",
+    ),
+    "TOKENIZER_MISSING": Code(
+        "model",
+        "critical",
+        "model directory lacks tokenizer files, or the tokenizer fails to load",
+    ),
+    "UNSAFE_WEIGHT_FORMAT": Code(
+        "model",
+        "info",
+        "weights in a pickle format (.bin/.pt/.pth) rather than safetensors",
+    ),
+    "CUDA_OOM": Code(
+        "memory",
+        "critical",
+        "a CUDA out-of-memory error in the serving log",
+    ),
+    "CUDA_OOM_FRAGMENTATION": Code(
+        "memory",
+        "warning",
+        "a CUDA OOM where memory reserved-but-unallocated is a large share (fragmentation)",
+    ),
+    "GPU_MEMORY_LEAK": Code(
+        "memory",
+        "warning",
+        "a process's GPU memory grows steadily while its load does not",
+    ),
+    "HOST_OOM_KILL": Code(
+        "host",
+        "critical",
+        "the kernel OOM killer killed a process",
+    ),
+    "HOST_MEMORY_LOW": Code(
+        "host",
+        "warning",
+        "available host memory low",
+    ),
+    "SWAP_ACTIVE": Code(
+        "host",
+        "warning",
+        "the host is swapping",
+    ),
+    "DISK_SPACE_LOW": Code(
+        "host",
+        "warning",
+        "a watched filesystem (model dir, /tmp, state dir) nearly full",
+    ),
 }
 
 LAYERS = ("hardware", "driver", "container", "framework", "model", "memory", "host")

@@ -1,36 +1,25 @@
 """Recognise the serving-engine log lines that carry diagnostic weight.
 
 Each recognised line becomes a ``LogRecord(stream, fields)``; the stream names are the
-event streams of moptd/catalog/serving.py. Lines are tested against cheap substrings
-before any regex, since a busy server writes an access-log line per request.
+event streams of moptd/catalog/serving.py. The lines only one engine writes (its periodic
+stats line) are parsed in its module under moptd/serving/engines/, this module holds the
+rest. Lines are tested against cheap substrings before any regex, since a busy server
+writes an access-log line per request.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moptd.serving.engines import log_parsers
+from moptd.serving.logrecord import LogRecord, MessageParser, number
 from moptd.serving.oom import parse_oom
 
 _PREFIX = re.compile(
     r"^(?:\x1b\[[0-9;]*m)?(?:\((?P<proc>[A-Za-z0-9_]+) pid=(?P<pid>\d+)\) )?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
     r"\[(?P<file>[^\]:]+):(?P<line>\d+)\] )?(?P<msg>.*)$"
-)
-_STATS = re.compile(
-    r"(?:Engine (?P<eng>\d{3})|(?P<neng>\d+) Engines Aggregated): Avg prompt throughput: "
-    r"(?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: (?P<gen_tps>[\d.]+) tokens/s, "
-    r"Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
-    r"(?:, Deferred: (?P<deferred>\d+) reqs)?"
-    r"(?:, KV fetch: \d+ waiting to start, \d+ in progress, \d+ completed waiting)?"
-    r"(?:, Preemptions: (?P<preemptions>\d+))?, (?P<kv_dev>[A-Z+ a-z]+?) KV cache usage: "
-    r"(?P<kv_pct>[\d.]+)%(?:, Prefix cache hit rate: (?P<prefix_pct>[\d.]+)%)?"
-)
-_SGLANG_DECODE = re.compile(
-    r"Decode batch.*?#running-req: (?P<running>\d+).*?token usage: (?P<usage>[\d.]+)"
-    r"(?:.*?cuda graph: (?P<graph>True|False))?.*?gen throughput \(token/s\): (?P<gen_tps>[\d.]+)"
-    r".*?#queue-req: (?P<waiting>\d+)"
 )
 _KV_SIZE = re.compile(r"(?P<dev>[A-Z+ a-z]+?) KV cache size: (?P<tokens>[\d,]+) tokens")
 _MAX_CONC = re.compile(
@@ -51,16 +40,6 @@ _WORKER_DIED = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    stream: str  # serving.<kind>, an event stream of the catalog
-    fields: dict[str, object] = field(default_factory=dict)
-
-
-def _f(x: str | None) -> float:
-    return float(x.replace(",", "")) if x else 0.0
-
-
 def split_prefix(line: str) -> tuple[dict[str, str], str]:
     """vLLM's ``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file:line] message`` prefix, if any."""
     m = _PREFIX.match(line)
@@ -70,42 +49,6 @@ def split_prefix(line: str) -> tuple[dict[str, str], str]:
     return head, m.group("msg")
 
 
-def _stats(msg: str) -> LogRecord | None:
-    m = _STATS.search(msg)
-    if m is None:
-        return None
-    return LogRecord(
-        "serving.log_stats",
-        {
-            "engine": m.group("eng") or "all",
-            "prompt_tps": _f(m.group("prompt_tps")),
-            "gen_tps": _f(m.group("gen_tps")),
-            "running": _f(m.group("running")),
-            "waiting": _f(m.group("waiting")),
-            "preemptions": _f(m.group("preemptions")),
-            "kv_usage": _f(m.group("kv_pct")) / 100.0,
-        },
-    )
-
-
-def _sglang(msg: str) -> LogRecord | None:
-    m = _SGLANG_DECODE.search(msg)
-    if m is None:
-        return None
-    return LogRecord(
-        "serving.log_stats",
-        {
-            "engine": "0",
-            "prompt_tps": 0.0,
-            "gen_tps": _f(m.group("gen_tps")),
-            "running": _f(m.group("running")),
-            "waiting": _f(m.group("waiting")),
-            "preemptions": 0.0,
-            "kv_usage": _f(m.group("usage")),
-        },
-    )
-
-
 def _kv_capacity(msg: str) -> LogRecord | None:
     size = _KV_SIZE.search(msg)
     conc = _MAX_CONC.search(msg)
@@ -113,10 +56,10 @@ def _kv_capacity(msg: str) -> LogRecord | None:
         return None
     out: dict[str, object] = {}
     if size is not None:
-        out["tokens"] = _f(size.group("tokens"))
+        out["tokens"] = number(size.group("tokens"))
     if conc is not None:
-        out["max_concurrency"] = _f(conc.group("conc"))
-        out["tokens_per_request"] = _f(conc.group("per_req"))
+        out["max_concurrency"] = number(conc.group("conc"))
+        out["tokens_per_request"] = number(conc.group("per_req"))
     return LogRecord("serving.kv_capacity", out)
 
 
@@ -131,7 +74,7 @@ def _graphs(msg: str) -> LogRecord | None:
     if m is not None:
         return LogRecord(
             "serving.cuda_graphs",
-            {"state": "captured", "reason": "", "memory_bytes": _f(m.group("gib")) * 2**30},
+            {"state": "captured", "reason": "", "memory_bytes": number(m.group("gib")) * 2**30},
         )
     return None
 
@@ -159,7 +102,8 @@ def _hang(msg: str) -> LogRecord | None:
         return LogRecord("serving.hang", {"kind": "watchdog_dump", "seconds": 0.0})
     m = _SHM.search(msg)
     if m is not None:
-        return LogRecord("serving.hang", {"kind": "shm_broadcast", "seconds": _f(m.group("secs"))})
+        seconds = number(m.group("secs"))
+        return LogRecord("serving.hang", {"kind": "shm_broadcast", "seconds": seconds})
     if "Watchdog caught collective operation timeout" in msg or (
         "NCCL" in msg and ("timeout" in msg.lower() or "timed out" in msg)
     ):
@@ -207,9 +151,8 @@ def _version(msg: str) -> LogRecord | None:
 
 
 # (cheap substring that every matching message contains, parser)
-_PARSERS: tuple[tuple[str, Callable[[str], LogRecord | None]], ...] = (
-    ("Avg prompt throughput", _stats),
-    ("Decode batch", _sglang),
+_PARSERS: tuple[tuple[str, MessageParser], ...] = (
+    *log_parsers(),  # the engines' own lines first (vLLM's stats line, SGLang's decode batch)
     ("KV cache size", _kv_capacity),
     ("Maximum concurrency", _kv_capacity),
     ("ager", _graphs),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from moptd.durations import parse_duration
+from moptd.serving.engines import ENGINES, REGISTRY
 
 PROBES = ("health", "models", "generate")
 RESTART = ("always", "on-failure", "never")
@@ -28,7 +29,7 @@ class SpecError(ValueError):
 class Endpoint:
     name: str
     url: str  # base URL, e.g. http://127.0.0.1:8000
-    engine: str = "vllm"  # vllm | sglang | trtllm
+    engine: str = "vllm"  # a name of moptd.serving.engines.REGISTRY
     metrics_path: str = "/metrics"
     probes: tuple[str, ...] = ("health",)
     generate_every: float = 30.0
@@ -69,7 +70,7 @@ class Managed:
             self.name,
             f"http://{host}:{self.port}",
             self.engine,
-            "/prometheus/metrics" if self.engine == "trtllm" else "/metrics",
+            REGISTRY[self.engine].metrics_path,
             self.probes,
             30.0,
             self.generate_deadline,
@@ -102,8 +103,9 @@ def _probes(d: Mapping[str, Any], where: str, default: tuple[str, ...]) -> tuple
 
 def _engine(d: Mapping[str, Any], where: str) -> str:
     v = d.get("engine", "vllm")
-    if v not in ("vllm", "sglang", "trtllm"):
-        raise SpecError(f"{where}.engine", f"must be vllm, sglang or trtllm, not {v!r}")
+    if v not in ENGINES:
+        names = f"{', '.join(ENGINES[:-1])} or {ENGINES[-1]}" if len(ENGINES) > 1 else ENGINES[0]
+        raise SpecError(f"{where}.engine", f"must be {names}, not {v!r}")
     return str(v)
 
 
@@ -138,12 +140,7 @@ def parse_endpoints(raw: Any, where: str = "collectors.serving.endpoints") -> li
                 _str(item, "name", w),
                 url,
                 engine,
-                _str(
-                    item,
-                    "metrics_path",
-                    w,
-                    "/prometheus/metrics" if engine == "trtllm" else "/metrics",
-                ),
+                _str(item, "metrics_path", w, REGISTRY[engine].metrics_path),
                 _probes(item, w, ("health",)),
                 _dur(item, "generate_every", w, 30.0),
                 _dur(item, "generate_deadline", w, 10.0),
