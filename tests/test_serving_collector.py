@@ -4,6 +4,7 @@ and against bad ones: garbage, truncated, huge and slow /metrics answers."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -257,3 +258,46 @@ async def test_log_file_of_an_unmanaged_server(server: Server, tmp_path: Path) -
         assert [e.stream for e in events] == ["serving.log_stats"]
     finally:
         await c.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_managed_process_is_scraped_never_started(tmp_path: Path) -> None:
+    # a one-shot collection (status --offline, explain, doctor) has no daemon: the managed
+    # endpoint is an endpoint like any other, and nothing runs the command
+    marker = tmp_path / "started"
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (model / name).write_text("{}")
+    managed = {
+        "name": "m",
+        "command": ["sh", "-c", f"echo $$ >> {marker}; exec sleep 60"],
+        "device": "cpu",
+        "port": _free_port(),
+        "model_dir": str(model),
+    }
+    c = collector(tmp_path, [], managed=managed)
+    await c.start()
+    try:
+        b = await c.collect()
+        await asyncio.sleep(0.5)
+    finally:
+        await c.stop()
+    assert not marker.exists()
+    assert value(b, "serving.up", "serving:m") == 0.0
+    assert "scrape_error" in b.attrs["serving:m"]
+    assert value(b, "serving.model_tokenizer_present", "serving:m") == 1.0
+    assert value(b, "serving.process_up", "serving:m") is None  # the daemon's to say
+
+
+async def test_a_name_both_endpoint_and_managed_is_refused(tmp_path: Path) -> None:
+    managed = {"name": "a", "command": ["true"], "device": "cpu"}
+    c = collector(tmp_path, [{"name": "a", "url": "http://127.0.0.1:1"}], managed=managed)
+    with pytest.raises(ValueError, match="both an endpoint and managed"):
+        await c.start()
+    await c.stop()

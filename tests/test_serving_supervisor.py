@@ -365,3 +365,50 @@ async def test_systemd_supervisor_runs_systemctl(tmp_path: Path) -> None:
 
 async def _no_journal() -> None:
     return None
+
+
+async def test_the_daemon_runs_it_and_the_collector_only_watches(tmp_path: Path) -> None:
+    """ManagedProcess (the daemon's) runs a child that prints a real vLLM start-up log; the
+    serving collector reports it through its view, and stopping the collector leaves the
+    child running: only the daemon stops it."""
+    from moptd.collector import CollectorContext
+    from moptd.collectors.serving import ServingCollector
+    from moptd.daemon.managed import ManagedProcess
+    from tests.conftest import FIXTURES
+
+    log = FIXTURES / "vllm-cpu" / "vllm_cpu_server_log.txt"
+    raw = {"name": "t", "command": ["sh", "-c", f"cat {log}; exec sleep 60"], "device": "cpu"}
+    events: list[Event] = []
+    m = parse_managed({**raw, "port": _free_port()})
+    assert m is not None
+    managed = ManagedProcess(m, events.extend, tmp_path)
+    ctx = CollectorContext(options={"managed": raw | {"port": m.port}}, state_dir=tmp_path)
+    c = ServingCollector(ctx)
+    c.watch_managed(managed.view)
+    await managed.start()
+    await c.start()
+    try:
+        sup = managed.supervisor
+        await until(lambda: sup.pid is not None and sup.log_state.version == "0.32.0")
+        pid = sup.pid
+        assert pid is not None
+        b = await c.collect()
+        s = "serving:t"
+
+        def one(signal: str) -> float:
+            (v,) = [x.value for x in b.samples if (x.signal, x.subject) == (signal, s)]
+            return v
+
+        assert one("serving.process_up") == 1.0
+        assert one("serving.restarts") == 0.0
+        assert one("serving.up") == 0.0  # nothing listens: the child only printed a log
+        assert b.attrs[s]["managed"] == "process"
+        assert b.attrs[s]["pid"] == str(pid)
+        (info,) = [x for x in b.samples if x.signal == "serving.info"]
+        assert dict(info.labels)["version"] == "0.32.0"
+        await c.stop()
+        assert _alive(pid), "stopping the collector stopped the managed process"
+    finally:
+        await managed.stop()
+    assert not _alive(pid)
+    assert [e.fields["expected"] for e in events if e.stream == "serving.process_exit"] == [True]

@@ -97,13 +97,8 @@ async def _collect_once(config: Any) -> tuple[Any, list[Any]]:
     from moptd.daemon.app import make_runtime
     from moptd.store import SignalStore
 
-    # Never start the managed serving process from a check.
-    collectors = dict(config.collectors)
-    if "serving" in collectors:
-        opts = dict(collectors["serving"].options)
-        opts["managed"] = {}
-        collectors["serving"] = dataclasses.replace(collectors["serving"], options=opts)
-    config = dataclasses.replace(config, collectors=collectors)
+    # Collectors only read: nothing here can start the managed serving process (the
+    # daemon runs it), so its endpoint is scraped like any other.
     store = SignalStore()
     runtime = make_runtime(config, store)
     await runtime.collect_once()

@@ -1,10 +1,11 @@
 """`moptd serving status|restart|logs`: the serving endpoints and the managed process.
 
-``status`` scrapes and probes each configured endpoint once, in this process. The managed
-process's own state (restarts, back-off, crash loop) lives in the daemon; until the daemon
-API exposes it, ``status`` shows it for the systemd backend (systemctl show) and the
-process backend's log file. ``restart`` works for the systemd backend; for the process
-backend it needs the daemon API and says so.
+``status`` scrapes and probes each configured endpoint once, in this process, with the
+serving collector, which only reads: the managed process is scraped as an endpoint and
+never started here. Its supervisor (restarts, back-off, crash loop) lives in the daemon
+(GET /v1/serving); ``status`` shows the systemd backend's unit state (systemctl show) and
+the process backend's log file. ``restart`` works for the systemd backend; for the process
+backend it asks the daemon (POST /v1/serving/NAME/restart) and says so when it is not there.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ async def _scrape_once(
     from moptd.collector import CollectorContext
     from moptd.collectors.serving import ServingCollector
 
+    # the managed endpoint is already in `endpoints`, with the probes a one-off check wants
     opts = {k: v for k, v in options.items() if k != "managed"}
     opts["endpoints"] = endpoints
     c = ServingCollector(CollectorContext(options=opts, state_dir=state_dir))

@@ -1,9 +1,13 @@
-"""Serving collector: engine /metrics, probes, and the managed serving process.
+"""Serving collector: engine /metrics, probes, and what the managed serving process shows.
 
 Endpoints come from ``collectors.serving.endpoints`` and from the managed process
 (``collectors.serving.managed``). One failed endpoint marks only its own scrape failed
 (``serving.up`` 0); the other endpoints and the collector go on. The generation probe
 runs beside the collection passes, so an engine that hangs on it does not delay them.
+
+The collector only reads. The daemon runs the managed process (moptd/daemon/managed.py)
+and hands the collector a ``ManagedView`` of it; a one-shot collection (``status
+--offline``, ``explain``, ``doctor``) has none, and still scrapes the managed endpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import aiohttp
 
@@ -42,8 +46,6 @@ from moptd.serving.spec import (
     parse_endpoints,
     parse_managed,
 )
-from moptd.serving.supervisor import Supervisor
-from moptd.serving.systemd import SystemdSupervisor
 
 
 @dataclass
@@ -55,6 +57,45 @@ class _EndpointState:
     generate: ProbeResult | None = None
     generate_task: asyncio.Task[ProbeResult] | None = None
     generate_at: float = 0.0
+
+
+class ManagedView(Protocol):
+    """The managed serving process as the collector may see it: what it reports, never a
+    way to start, stop or restart it."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def version(self) -> str:
+        """The server version its log announced; "" until it did."""
+        ...
+
+    async def refresh(self) -> None:
+        """Read the process's state where it is not known in-process (systemctl show)."""
+        ...
+
+    def fill(self, batch: Batch, now: float) -> None:
+        """The process's own signals: up, starting, restarts, crash loop, log state."""
+        ...
+
+    def note_healthy(self) -> None:
+        """/health answered: the server is up even if its log never says it listens
+        (SGLang, TRT-LLM)."""
+        ...
+
+
+def targets(options: Mapping[str, Any]) -> tuple[list[Endpoint], Managed | None]:
+    """The configured endpoints and the managed process. SpecError names a wrong key;
+    ValueError when one name is both an endpoint and the managed process."""
+    endpoints = parse_endpoints(options.get("endpoints", []))
+    managed = parse_managed(options.get("managed") or None)
+    if managed is not None and managed.name in {e.name for e in endpoints}:
+        raise ValueError(f"serving name {managed.name!r} is both an endpoint and managed")
+    return endpoints, managed
 
 
 def _check(parse: Callable[[Any, str], object]) -> Callable[[Any], None]:
@@ -100,7 +141,7 @@ class ServingCollector(Collector):
         super().__init__(ctx)
         self.endpoints: list[Endpoint] = []
         self.managed: Managed | None = None
-        self.supervisor: Supervisor | SystemdSupervisor | None = None
+        self.managed_view: ManagedView | None = None
         self._state: dict[str, _EndpointState] = {}
         self._session: aiohttp.ClientSession | None = None
         self._cpu = proctree.BusiestCpu()
@@ -110,10 +151,15 @@ class ServingCollector(Collector):
     def _publish(self, events: list[Event]) -> None:
         self.ctx.publish(events)
 
+    def watch_managed(self, view: ManagedView) -> None:
+        """The daemon runs the managed process; from now on its signals come with ours."""
+        self.managed_view = view
+
     async def start(self) -> None:
         # SpecError names the key; the runtime reports it as this collector's failure.
-        self.endpoints = parse_endpoints(self.option("endpoints"))
-        self.managed = parse_managed(self.option("managed"))
+        self.endpoints, self.managed = targets(
+            {key: self.option(key) for key in ("endpoints", "managed")}
+        )
         for e in self.endpoints:
             if e.log_file or e.journal_unit:
                 follower = LogFollower(
@@ -125,16 +171,7 @@ class ServingCollector(Collector):
                 await follower.start()
                 self._followers.append(follower)
         if self.managed is not None:
-            ep = self.managed.endpoint()
-            if ep.name in {e.name for e in self.endpoints}:
-                raise ValueError(f"serving name {ep.name!r} is both an endpoint and managed")
-            self.endpoints.append(ep)
-            log_dir = self.ctx.state_dir / "serving" / self.managed.name
-            if self.managed.backend == "systemd":
-                self.supervisor = SystemdSupervisor(self.managed, self._publish)
-            else:
-                self.supervisor = Supervisor(self.managed, self._publish, log_dir)
-            await self.supervisor.start()
+            self.endpoints.append(self.managed.endpoint())
 
     async def stop(self) -> None:
         for st in self._state.values():
@@ -144,9 +181,6 @@ class ServingCollector(Collector):
                     await st.generate_task
         for follower in self._followers:
             await follower.stop()
-        if self.supervisor is not None:
-            await self.supervisor.stop()
-            self.supervisor.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -169,23 +203,21 @@ class ServingCollector(Collector):
             if follower.file is not None:
                 follower.feed(await self.blocking(follower.read_file), now)
             fill_log_state(out, follower.subject, follower.state, now)
-        if self.supervisor is not None:
-            await self.supervisor.refresh()
-            self.supervisor.fill(out, now)
-            await self._managed_extras(out, now)
+        view = self.managed_view
+        if view is not None:
+            await view.refresh()
+            view.fill(out, now)
+            if view.pid is not None:
+                cpu = await self.blocking(proctree.group_cpu, self.ctx.procfs, view.pid)
+                share = self._cpu.update(now, cpu)
+                if share is not None:
+                    out.add("serving.busiest_process_cpu", view.subject, share)
+        if self.managed is not None:
+            await self._model_files_of(self.managed, out, now)
         return out
 
-    async def _managed_extras(self, out: Batch, now: float) -> None:
-        sup, m = self.supervisor, self.managed
-        assert sup is not None
-        assert m is not None
-        subject = sup.subject
-        pid = sup.pid
-        if pid is not None:
-            cpu = await self.blocking(proctree.group_cpu, self.ctx.procfs, pid)
-            share = self._cpu.update(now, cpu)
-            if share is not None:
-                out.add("serving.busiest_process_cpu", subject, share)
+    async def _model_files_of(self, m: Managed, out: Batch, now: float) -> None:
+        subject = f"serving:{m.name}"
         model_dir = m.model_dir or (Path(p) if (p := model_of(m.command)) else None)
         if model_dir is None:
             return
@@ -213,9 +245,8 @@ class ServingCollector(Collector):
             add_running_totals(ep.engine, view, st.running_totals)
             self._fill(b, s, st, view, now)
         await self._probes(b, s, ep, st, now)
-        version = getattr(getattr(self.supervisor, "log_state", None), "version", "")
-        if self.supervisor is None or self.supervisor.subject != s:
-            version = ""
+        mv = self.managed_view
+        version = mv.version if mv is not None and mv.subject == s else ""
         b.add(
             "serving.info",
             s,
@@ -287,10 +318,9 @@ class ServingCollector(Collector):
             b.add("serving.probe_latency", s, r.seconds, lab)
             if r.probe == "health":
                 b.add("serving.healthy", s, 1.0 if r.ok else 0.0)
-                sup = self.supervisor
-                if r.ok and sup is not None and sup.subject == s:
-                    # engines whose log says nothing about listening (SGLang, TRT-LLM)
-                    sup.log_state.started = True
+                mv = self.managed_view
+                if r.ok and mv is not None and mv.subject == s:
+                    mv.note_healthy()
             if not r.ok:
                 b.describe(s, **{f"probe_{r.probe}_error": r.detail[:300]})
 

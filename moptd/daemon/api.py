@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from moptd.daemon.managed import ManagedProcess
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.daemon.views import rules_view, snapshot_view, status_view
 from moptd.diagnose.codes import CODES, SEVERITIES
@@ -83,6 +84,7 @@ STORE = web.AppKey("store", SignalStore)
 STARTED = web.AppKey("started", float)
 DIAGNOSIS = web.AppKey("diagnosis", Diagnosis)
 AUTH = web.AppKey("auth", ApiAuth)
+MANAGED = web.AppKey("managed", ManagedProcess)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -398,9 +400,9 @@ async def reload_rules(request: web.Request) -> web.Response:
 
 
 def _supervisor(request: web.Request, name: str | None = None) -> Any:
-    """The managed serving process's supervisor (the serving collector owns it)."""
-    entry = request.app[RUNTIME].collectors.get("serving")
-    sup = getattr(entry[0], "supervisor", None) if entry else None
+    """The managed serving process's supervisor (the daemon owns it)."""
+    managed = request.app.get(MANAGED)
+    sup = managed.supervisor if managed is not None else None
     if sup is None:
         raise ApiError(404, "no managed serving process is configured (collectors.serving.managed)")
     if name is not None and name != sup.spec.name:
@@ -631,12 +633,15 @@ def make_api_app(
     started: float,
     diagnosis: Diagnosis | None = None,
     auth: ApiAuth | None = None,
+    managed: ManagedProcess | None = None,
 ) -> web.Application:
     app = capped_app(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors])
     app[STORE] = store
     app[RUNTIME] = runtime
     app[STARTED] = started
     app[AUTH] = auth or ApiAuth()
+    if managed is not None:
+        app[MANAGED] = managed
     if diagnosis is not None:
         app[DIAGNOSIS] = diagnosis
 

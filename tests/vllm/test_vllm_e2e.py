@@ -34,12 +34,8 @@ async def wait_for(h: Harness, what: str, cond, limit: float, every: float = 2.0
         if cond():
             return time.monotonic() - t0
         await asyncio.sleep(every)
-    state = h.collector.supervisor.status() if h.collector.supervisor else {}
-    tail = (
-        "\n".join(line for _, line in h.collector.supervisor.ring.tail(40))
-        if h.collector.supervisor
-        else ""
-    )  # type: ignore[union-attr]
+    state = h.supervisor.status()
+    tail = "\n".join(line for _, line in h.supervisor.ring.tail(40))
     pytest.fail(f"{what}: not within {limit:g}s; supervisor {state}\n{tail}")
 
 
@@ -84,8 +80,7 @@ async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> N
     port = free_port()
     h = Harness(tmp_path, {"managed": managed(port), "quantile_window": "2m", "scrape_timeout": 10})
     await h.start()
-    sup = h.collector.supervisor
-    assert sup is not None
+    sup = h.supervisor
     latency: dict[str, float] = {}
     try:
         # --- start, scrape, probe ---
@@ -214,9 +209,9 @@ async def test_port_conflict_refused_by_the_gate(tmp_path: Path) -> None:
             gate = h.events("serving.gate")[0]
             assert gate.fields["code"] == "PORT_CONFLICT"
             assert "PORT_CONFLICT" in h.codes()
-            assert h.collector.supervisor is not None
-            assert h.collector.supervisor.pid is None  # never started
-            assert h.collector.supervisor.state in ("gated", "starting")
+            assert h.supervisor is not None
+            assert h.supervisor.pid is None  # never started
+            assert h.supervisor.state in ("gated", "starting")
         finally:
             await h.stop()
 
@@ -235,8 +230,8 @@ async def test_model_without_tokenizer_refused_by_the_gate(tmp_path: Path) -> No
         assert codes == {"TOKENIZER_MISSING"}
         assert "TOKENIZER_MISSING" in h.codes()
         assert h.last("serving.model_tokenizer_present") == 0.0
-        assert h.collector.supervisor is not None
-        assert h.collector.supervisor.pid is None
+        assert h.supervisor is not None
+        assert h.supervisor.pid is None
     finally:
         await h.stop()
     assert SUBJECT == "serving:tiny"
