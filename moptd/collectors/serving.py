@@ -32,7 +32,7 @@ from moptd.collector import (
 from moptd.durations import parse_duration
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving import gates, proctree
-from moptd.serving.engines import EngineView, add_running_totals, read_page
+from moptd.serving.engines import ENGINES, EngineView, add_running_totals, read_page
 from moptd.serving.http import FetchError, new_session, request
 from moptd.serving.logsource import LogFollower, fill_log_state
 from moptd.serving.probes import ProbeResult, probe_generate, probe_health, probe_models
@@ -119,8 +119,8 @@ class ServingCollector(Collector):
         "endpoints": Option(
             list,
             [],
-            "Serving endpoints to scrape and probe: a list of {name, url, engine (vllm, "
-            "sglang, trtllm), probes (health, models, generate), model, metrics_path}.",
+            "Serving endpoints to scrape and probe: a list of {name, url, engine "
+            f"({', '.join(ENGINES)}), probes (health, models, generate), model, metrics_path}}.",
             check=_check(parse_endpoints),
         ),
         "managed": Option(
