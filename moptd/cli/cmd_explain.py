@@ -205,10 +205,7 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
     out = []
     for f in rules.active():
         d = f.to_json()
-        result = next(
-            (r for r in rules.last_results if r.rule.id == f.rule and r.subject == f.subject), None
-        )
-        d["steps"] = steps_of(result)
+        d["steps"] = steps_of(rules.result(f.rule, f.subject))
         d["source"] = "this pass"
         out.append(d)
     gpus = status_view(store, runtime.health.values()).get("gpus", [])

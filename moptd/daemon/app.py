@@ -111,9 +111,9 @@ class Daemon:
         self.rules.missing = missing_namespaces(self.runtime)
 
     def _sighup(self) -> None:
-        # Read off the loop, applied on it; findings of removed rules are recorded resolved.
-        # A storm of signals coalesces: while a reload runs, further signals ask for one
-        # more, which reads the files as they are after the last signal.
+        # The same reload as POST /v1/rules/reload (Diagnosis.reload). A storm of signals
+        # coalesces: while a reload runs, further signals ask for one more, which reads the
+        # files as they are after the last signal.
         self._reload_wanted = True
         if self._reload is None or self._reload.done():
             self._reload = asyncio.ensure_future(self._reload_rules())
