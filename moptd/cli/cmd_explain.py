@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from moptd.cli.commands import load
-    from moptd.daemon.api import parse_since
+    from moptd.daemon.http import parse_since
 
     now = time.time()
     since = None

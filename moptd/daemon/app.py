@@ -18,16 +18,10 @@ from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
-from moptd.daemon.api import (
-    CAP,
-    ApiAuth,
-    CappedSite,
-    capped_app,
-    load_token,
-    make_api_app,
-    make_runner,
-)
+from moptd.daemon.api import make_api_app
+from moptd.daemon.auth import ApiAuth, load_token
 from moptd.daemon.exporter import MetricsEndpoint
+from moptd.daemon.http import CAP, CappedSite, capped_app, make_runner
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
