@@ -16,6 +16,7 @@ from moptd.daemon.handlers import (
     STARTED,
     STORE,
     events,
+    explain,
     finding,
     findings,
     health,
@@ -56,6 +57,7 @@ def make_api_app(
     app.router.add_get("/v1/snapshot", snapshot)
     app.router.add_get("/v1/findings", findings)
     app.router.add_get("/v1/findings/{id}", finding)
+    app.router.add_get("/v1/explain", explain)
     app.router.add_get("/v1/rules", rules)
     app.router.add_post("/v1/rules/reload", reload_rules)
     app.router.add_get("/v1/events", events)

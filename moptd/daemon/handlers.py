@@ -19,7 +19,7 @@ from moptd.daemon.http import (
     read_body,
 )
 from moptd.daemon.runtime import CollectorRuntime
-from moptd.daemon.views import rules_view, snapshot_view, status_view
+from moptd.daemon.views import gpus_view, rules_view, snapshot_view, status_view
 from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.findings import queries
 from moptd.findings.service import Diagnosis
@@ -134,6 +134,18 @@ async def finding(request: web.Request) -> web.Response:
     if f is None:
         raise ApiError(404, f"no finding {fid}")
     return web.json_response(f, dumps=dumps)
+
+
+async def explain(request: web.Request) -> web.Response:
+    """Everything `moptd explain` shows, in one answer: the GPUs (to resolve the subject
+    asked for) and each chosen finding in full."""
+    q = query_params(request, {"subject", "code", "since"})
+    d = _diagnosis(request)
+    code = _code(q)
+    since = _since(q)
+    gpus = gpus_view(request.app[STORE])
+    found = await queries.explain(d, gpus=gpus, subject=q.get("subject"), code=code, since=since)
+    return web.json_response({"gpus": gpus, "findings": found}, dumps=dumps)
 
 
 async def rules(request: web.Request) -> web.Response:

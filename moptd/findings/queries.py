@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from moptd.findings import db as fdb
+from moptd.findings.matching import chosen
 from moptd.findings.service import Diagnosis
 
 T = TypeVar("T")
@@ -17,6 +18,7 @@ T = TypeVar("T")
 RELATED_FIELDS = ("id", "code", "subject", "severity", "state", "summary")
 # a firing finding's live values win over what was last stored
 LIVE_FIELDS = ("evidence", "path", "steps", "actions", "last_seen", "summary")
+EXPLAIN_HISTORY = 500  # as many as /v1/findings returns by default
 
 
 async def _on_db(d: Diagnosis, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -116,3 +118,37 @@ async def finding(
     f["related"] = [{k: r.get(k) for k in RELATED_FIELDS} for r in related]
     f["events"] = events
     return f
+
+
+async def explain(
+    d: Diagnosis,
+    *,
+    gpus: list[dict[str, Any]],
+    subject: str | None = None,
+    code: str | None = None,
+    since: float | None = None,
+) -> list[dict[str, Any]]:
+    """What `moptd explain` shows, each finding in full: the firing ones and, with `since`,
+    those resolved since then; of `subject` (any of its spellings, `gpus` resolving GPU
+    indexes, UUIDs and PCI addresses) and `code` when given."""
+    live = d.active()
+    listing = await findings(d, since=since, limit=EXPLAIN_HISTORY, live=live)
+    found = list(listing["active"])
+    if since is not None:
+        firing = {(f["rule"], f["subject"]) for f in found}
+        found += [
+            f
+            for f in listing["history"]
+            if f.get("state") == "resolved" and (f["rule"], f["subject"]) not in firing
+        ]
+    out = []
+    for f in found:
+        if f.get("id") is not None:
+            full = await finding(d, int(f["id"]), live)
+            if full is not None:
+                # the listing's steps and evidence over the stored ones, as explain took
+                # them when it asked for each finding itself
+                f = {**full, **{k: v for k, v in f.items() if k in ("steps", "evidence")}}
+        if chosen(f, subject, code, since, gpus):
+            out.append(f)
+    return out
