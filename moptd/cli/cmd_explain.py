@@ -132,6 +132,7 @@ def daemon_view(
 def offline_view(config: Any, since: float | None) -> dict[str, Any]:
     """What the daemon last recorded (its database, read-only) and one collection pass."""
     from moptd.findings import db as fdb
+    from moptd.findings.queries import recorded_for_explain
 
     notes: list[str] = []
     recorded: list[dict[str, Any]] = []
@@ -141,23 +142,7 @@ def offline_view(config: Any, since: float | None) -> dict[str, Any]:
         notes.append(f"No findings database at {path}: no history from the daemon.")
     else:
         with contextlib.closing(conn):
-            ids = [int(r["id"]) for r in fdb.active_findings(conn)]
-            if since is not None:
-                ids += [
-                    int(r["id"]) for r in fdb.query_findings(conn, since=since, state="resolved")
-                ]
-            for fid in ids:
-                f = fdb.get_finding(conn, fid)
-                if f is None:
-                    continue
-                start = float(f.get("pending_since") or 0) - 300.0
-                f["events"] = [
-                    e
-                    for e in fdb.query_events(conn, since=start, subject=str(f["subject"]))
-                    if f.get("resolved_at") is None or e["t"] <= float(f["resolved_at"])
-                ]
-                f["source"] = "database"
-                recorded.append(f)
+            recorded = recorded_for_explain(conn, since)
         notes.append(
             f"Findings marked #N are as the daemon last recorded them in {path}; "
             "they may have changed since it stopped."

@@ -1,6 +1,7 @@
-"""The findings as the API serves them: the live ones from the rule service joined with the
-history in the database. Every statement is in moptd.findings.db; these run them on the
-database's thread and only await the result on the loop."""
+"""The findings as the API and `moptd explain` show them: the live ones from the rule
+service joined with the history in the database. Every statement is in moptd.findings.db;
+the daemon's queries run them on the database's thread and only await the result on the
+loop."""
 
 from __future__ import annotations
 
@@ -151,4 +152,27 @@ async def explain(
                 f = {**full, **{k: v for k, v in f.items() if k in ("steps", "evidence")}}
         if chosen(f, subject, code, since, gpus):
             out.append(f)
+    return out
+
+
+def recorded_for_explain(c: sqlite3.Connection, since: float | None) -> list[dict[str, Any]]:
+    """What `moptd explain` shows from the database alone (the daemon is down): the findings
+    it last recorded firing and, with `since`, those resolved since then, each with the
+    events on its subject from 5 minutes before it started."""
+    ids = [int(r["id"]) for r in fdb.active_findings(c)]
+    if since is not None:
+        ids += [int(r["id"]) for r in fdb.query_findings(c, since=since, state="resolved")]
+    out = []
+    for fid in ids:
+        f = fdb.get_finding(c, fid)
+        if f is None:
+            continue
+        start = float(f.get("pending_since") or 0) - 300.0
+        f["events"] = [
+            e
+            for e in fdb.query_events(c, since=start, subject=str(f["subject"]))
+            if f.get("resolved_at") is None or e["t"] <= float(f["resolved_at"])
+        ]
+        f["source"] = "database"
+        out.append(f)
     return out
