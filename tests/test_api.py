@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moptd.cli import client
-from moptd.daemon.api import parse_since
+from moptd.daemon.http import parse_since
 from tests.api_helpers import (
     explain,
     get,

@@ -159,3 +159,83 @@ async def test_a_failing_store_is_reported_and_the_loop_goes_on(tmp_path):
         assert [f["state"] for f in d.db.history()] == ["pending"]  # kept in memory
     finally:
         await d.stop()
+
+
+async def _assembled(s: aiohttp.ClientSession, since: float | None) -> dict:
+    """What `moptd explain` put together before /v1/explain, from 2 + N requests: the GPUs
+    from /v1/status, the findings from /v1/findings, each one's detail from /v1/findings/ID."""
+    async with s.get("http://x/v1/status") as resp:
+        status = await resp.json()
+    query = "" if since is None else f"?since={since!r}"
+    async with s.get(f"http://x/v1/findings{query}") as resp:
+        body = await resp.json()
+    found = list(body["active"])
+    if since is not None:
+        live = {(f["rule"], f["subject"]) for f in found}
+        found += [
+            f
+            for f in body["history"]
+            if f.get("state") == "resolved" and (f["rule"], f["subject"]) not in live
+        ]
+    detailed = []
+    for f in found:
+        async with s.get(f"http://x/v1/findings/{f['id']}") as resp:
+            full = await resp.json()
+        detailed.append({**full, **{k: v for k, v in f.items() if k in ("steps", "evidence")}})
+    return {"gpus": status["gpus"], "findings": detailed}
+
+
+async def test_explain_answers_in_one_request_what_took_two_plus_n(tmp_path):
+    clock = VirtualClock(1000.0)
+    store = SignalStore(clock=clock)
+    d = make(tmp_path, clock, store)
+    await d.start()
+    sock = tmp_path / "api.sock"
+    runner = await serve(d, store, sock)
+
+    async def explain(s: aiohttp.ClientSession, since: float | None) -> dict:
+        await asyncio.wrap_future(d.db.submit(lambda _c: None))
+        query = "" if since is None else f"?since={since!r}"
+        async with s.get(f"http://x/v1/explain{query}") as resp:
+            assert resp.status == 200
+            one = await resp.json()
+        assert one == await _assembled(s, since)
+        return one
+
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock))) as s:
+            # a finding that fires and resolves: shown with --since only
+            swappiness(store, 60, 1000.0)
+            d.tick(1000.0)
+            clock.set(1011.0)
+            d.tick(1011.0)
+            swappiness(store, 1, 1020.0)
+            clock.set(1020.0)
+            assert [r["new"] for r in d.tick(1020.0)] == ["resolved"]
+            assert (await explain(s, None))["findings"] == []
+            (resolved,) = (await explain(s, 900.0))["findings"]
+            assert [t["to"] for t in resolved["transitions"]] == ["pending", "firing", "resolved"]
+            assert (await explain(s, 1500.0))["findings"] == []
+            # it fires again: the firing one, live, with the first as related
+            swappiness(store, 70, 1030.0)
+            clock.set(1030.0)
+            d.tick(1030.0)
+            clock.set(1041.0)
+            assert [r["new"] for r in d.tick(1041.0)] == ["firing"]
+            for since in (None, 900.0):
+                (firing,) = (await explain(s, since))["findings"]
+                assert firing["state"] == "firing"
+                assert firing["steps"][0]["seen"][0]["value"] == 70
+                assert [r["id"] for r in firing["related"]] == [resolved["id"]]
+            async with s.get("http://x/v1/explain?subject=node&code=SWAP_ACTIVE") as resp:
+                assert len((await resp.json())["findings"]) == 1
+            async with s.get("http://x/v1/explain?subject=gpu:7") as resp:
+                assert (await resp.json())["findings"] == []
+            async with s.get("http://x/v1/explain?code=NOPE") as resp:
+                assert resp.status == 404
+                assert "SWAP_ACTIVE" in (await resp.json())["valid"]
+            async with s.get("http://x/v1/explain?since=soon") as resp:
+                assert resp.status == 400
+    finally:
+        await runner.cleanup()
+        await d.stop()

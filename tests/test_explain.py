@@ -16,8 +16,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from moptd.cli.cmd_explain import add_related, enrich, matches
+from moptd.cli.cmd_explain import add_related, enrich
 from moptd.cli.render_explain import print_explain
+from moptd.findings.matching import matches
 from tests.conftest import FIXTURES, REPO
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from moptd.clock import VirtualClock
 from moptd.diagnose.lifecycle import Damping
+from moptd.diagnose.loader import load_rules
 from moptd.diagnose.service import RuleService
 from moptd.observations import Batch
 from moptd.store import SignalStore
@@ -117,13 +118,16 @@ def test_findings_batch_for_the_exporter(tmp_path: Path) -> None:
 def test_reload_refuses_a_bad_set_and_keeps_the_last_good(tmp_path: Path) -> None:
     svc, _store, _clock, f = setup(tmp_path)
     f.write_text(f.read_text().replace("gpu.temperature", "gpu.nope"))
-    errors = svc.reload()
-    assert [str(e) for e in errors] == [f"{f}:12: rule hot: branch hot: unknown signal 'gpu.nope'"]
+    assert svc.put_in_force(load_rules([f])) == []
+    assert [str(e) for e in svc.errors] == [
+        f"{f}:12: rule hot: branch hot: unknown signal 'gpu.nope'"
+    ]
     assert [r.id for r in svc.ruleset.rules] == ["hot"]
     f.write_text(
         f.read_text()
         .replace("gpu.nope", "gpu.temperature")
         .replace("id: hot\n    title", "id: warm\n    title")
     )
-    assert svc.reload() == []
+    svc.put_in_force(load_rules([f]))
+    assert svc.errors == []
     assert [r.id for r in svc.ruleset.rules] == ["warm"]

@@ -44,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from moptd.cli.commands import load
-    from moptd.daemon.api import parse_since
+    from moptd.daemon.http import parse_since
+    from moptd.findings.matching import chosen
 
     now = time.time()
     since = None
@@ -75,7 +76,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         view = None
         notes: list[str] = []
         if not args.offline:
-            view, problem = daemon_view(config.api_socket, since)
+            view, problem = daemon_view(config.api_socket, since, args.subject, args.code)
             if view is None:
                 notes.append(f"The daemon is not reachable ({problem}).")
         else:
@@ -88,9 +89,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     view["findings"] = [
         enrich(f)
         for f in view["findings"]
-        if matches(f, args.subject, view.get("gpus", []))
-        and (args.code is None or f.get("code") == args.code)
-        and (since is None or _changed_since(f, since))
+        if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
     add_related(view["findings"])
     if args.json:
@@ -103,53 +102,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _changed_since(f: dict[str, Any], since: float) -> bool:
-    if f.get("state") == "firing":
-        return True
-    last = f.get("resolved_at") or f.get("updated_at") or f.get("last_seen") or 0
-    return float(last) >= since
-
-
 # --- where findings come from ---
 
 
-def daemon_view(socket: Path, since: float | None) -> tuple[dict[str, Any] | None, str]:
+def daemon_view(
+    socket: Path, since: float | None, subject: str | None = None, code: str | None = None
+) -> tuple[dict[str, Any] | None, str]:
+    """One request: /v1/explain answers with the GPUs and every chosen finding in full."""
+    from urllib.parse import urlencode
+
     from moptd.cli import client
 
+    params = {"subject": subject, "code": code, "since": None if since is None else repr(since)}
+    query = urlencode({k: v for k, v in params.items() if v is not None})
     try:
-        status = client.get_json(socket, "/v1/status")
-        query = "" if since is None else f"?since={since}"
-        code, body = client.request(socket, "GET", f"/v1/findings{query}")
-        if code != 200:
-            return None, f"HTTP {code}: {body.get('error') if isinstance(body, dict) else body}"
-        found: list[dict[str, Any]] = list(body["active"])
-        if since is not None:
-            live = {(f["rule"], f["subject"]) for f in found}
-            found += [
-                f
-                for f in body["history"]
-                if f.get("state") == "resolved" and (f["rule"], f["subject"]) not in live
-            ]
-        detailed = []
-        for f in found:
-            if f.get("id") is not None:
-                c, full = client.request(socket, "GET", f"/v1/findings/{f['id']}")
-                if c == 200:
-                    f = {**full, **{k: v for k, v in f.items() if k in ("steps", "evidence")}}
-            detailed.append(f)
+        status, body = client.request(socket, "GET", "/v1/explain" + (f"?{query}" if query else ""))
     except client.DaemonUnreachable as exc:
         return None, str(exc)
+    if status != 200:
+        return None, f"HTTP {status}: {body.get('error') if isinstance(body, dict) else body}"
     return {
         "source": "daemon",
         "notes": [],
-        "findings": detailed,
-        "gpus": status.get("gpus", []),
+        "findings": list(body["findings"]),
+        "gpus": body.get("gpus", []),
     }, ""
 
 
 def offline_view(config: Any, since: float | None) -> dict[str, Any]:
     """What the daemon last recorded (its database, read-only) and one collection pass."""
     from moptd.findings import db as fdb
+    from moptd.findings.queries import recorded_for_explain
 
     notes: list[str] = []
     recorded: list[dict[str, Any]] = []
@@ -159,23 +142,7 @@ def offline_view(config: Any, since: float | None) -> dict[str, Any]:
         notes.append(f"No findings database at {path}: no history from the daemon.")
     else:
         with contextlib.closing(conn):
-            ids = [int(r["id"]) for r in fdb.active_findings(conn)]
-            if since is not None:
-                ids += [
-                    int(r["id"]) for r in fdb.query_findings(conn, since=since, state="resolved")
-                ]
-            for fid in ids:
-                f = fdb.get_finding(conn, fid)
-                if f is None:
-                    continue
-                start = float(f.get("pending_since") or 0) - 300.0
-                f["events"] = [
-                    e
-                    for e in fdb.query_events(conn, since=start, subject=str(f["subject"]))
-                    if f.get("resolved_at") is None or e["t"] <= float(f["resolved_at"])
-                ]
-                f["source"] = "database"
-                recorded.append(f)
+            recorded = recorded_for_explain(conn, since)
         notes.append(
             f"Findings marked #N are as the daemon last recorded them in {path}; "
             "they may have changed since it stopped."
@@ -205,10 +172,7 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
     out = []
     for f in rules.active():
         d = f.to_json()
-        result = next(
-            (r for r in rules.last_results if r.rule.id == f.rule and r.subject == f.subject), None
-        )
-        d["steps"] = steps_of(result)
+        d["steps"] = steps_of(rules.result(f.rule, f.subject))
         d["source"] = "this pass"
         out.append(d)
     gpus = status_view(store, runtime.health.values()).get("gpus", [])
@@ -262,31 +226,7 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
     }
 
 
-# --- matching and NVIDIA's actions ---
-
-
-def matches(f: dict[str, Any], asked: str | None, gpus: list[dict[str, Any]]) -> bool:
-    """SUBJECT may be a GPU index, gpu:N, a UUID, a PCI bus id, a serving name or node."""
-    if not asked:
-        return True
-    from moptd.proc.pci import normalize_pci
-
-    subject = str(f.get("subject", ""))
-    a = asked.strip()
-    if a in (subject, subject.split(":", 1)[-1]) or f"serving:{a}" == subject:
-        return True
-    pci = normalize_pci(a)
-    if pci is not None and pci in (f.get("pci_bus_id"), normalize_pci(subject.split(":", 1)[-1])):
-        return True
-    for g in gpus:
-        ids = {str(g.get("uuid")), str(g.get("index")), str(g.get("subject"))}
-        if g.get("pci_bus_id"):
-            ids.add(str(normalize_pci(str(g["pci_bus_id"]))))
-        if (a in ids or (pci and pci in ids)) and (
-            subject == g.get("subject") or (f.get("pci_bus_id") and f.get("pci_bus_id") in ids)
-        ):
-            return True
-    return False
+# --- related findings and NVIDIA's actions ---
 
 
 def add_related(findings: list[dict[str, Any]]) -> None:

@@ -19,16 +19,10 @@ from moptd.collectors import registry
 from moptd.collectors.serving import ServingCollector
 from moptd.config import Config, split_listen
 from moptd.daemon import sdnotify
-from moptd.daemon.api import (
-    CAP,
-    ApiAuth,
-    CappedSite,
-    capped_app,
-    load_token,
-    make_api_app,
-    make_runner,
-)
+from moptd.daemon.api import make_api_app
+from moptd.daemon.auth import ApiAuth, load_token
 from moptd.daemon.exporter import MetricsEndpoint
+from moptd.daemon.http import CAP, CappedSite, capped_app, make_runner
 from moptd.daemon.managed import ManagedProcess, managed_process
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.service import RuleService
@@ -117,9 +111,9 @@ class Daemon:
         self.rules.missing = missing_namespaces(self.runtime)
 
     def _sighup(self) -> None:
-        # Read off the loop, applied on it; findings of removed rules are recorded resolved.
-        # A storm of signals coalesces: while a reload runs, further signals ask for one
-        # more, which reads the files as they are after the last signal.
+        # The same reload as POST /v1/rules/reload (Diagnosis.reload). A storm of signals
+        # coalesces: while a reload runs, further signals ask for one more, which reads the
+        # files as they are after the last signal.
         self._reload_wanted = True
         if self._reload is None or self._reload.done():
             self._reload = asyncio.ensure_future(self._reload_rules())

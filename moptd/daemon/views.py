@@ -113,9 +113,8 @@ def driver_view(store: SignalStore) -> dict[str, Any]:
     }
 
 
-def status_view(
-    store: SignalStore, health: Iterable[CollectorHealth], started_at: float | None = None
-) -> dict[str, Any]:
+def gpus_view(store: SignalStore) -> list[dict[str, Any]]:
+    """Each GPU's identity (subject, index, UUID, name, PCI address) and latest readings."""
     gpus = []
     for subject in store.subjects("gpu"):
         attrs = store.attrs(subject)
@@ -131,6 +130,13 @@ def status_view(
         mask = g.get("clock_event_reasons")
         g["clock_events"] = decode_clock_event_reasons(int(mask)) if isinstance(mask, int) else []
         gpus.append(g)
+    return gpus
+
+
+def status_view(
+    store: SignalStore, health: Iterable[CollectorHealth], started_at: float | None = None
+) -> dict[str, Any]:
+    gpus = gpus_view(store)
     node = {f: _num(store.latest(f"node.{f}", "node")) for f in _NODE_FIELDS}
     return {
         "version": __version__,

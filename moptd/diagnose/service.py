@@ -1,15 +1,20 @@
-"""The rule service the daemon runs: rules in force, a tick per evaluation, hot reload."""
+"""The rule service the daemon runs: rules in force, a tick per evaluation, hot swap.
+
+It owns the lifecycle of findings in memory; whoever persists them (moptd.findings) goes
+through the methods here, never into the lifecycle itself. Reading rule files for a reload
+is the caller's (off the event loop); `put_in_force` only swaps what was read.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from moptd.clock import Clock
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Damping, Lifecycle
-from moptd.diagnose.loader import RuleError, load_rules
+from moptd.diagnose.loader import Loaded, RuleError, load_rules
 from moptd.diagnose.model import Finding, RuleSet, Transition
 from moptd.observations import NODE, Batch, labels_of
 from moptd.store import SignalStore
@@ -32,25 +37,30 @@ class RuleService:
         self.missing = missing
         self.lifecycle = Lifecycle(damping)
         self.ruleset = RuleSet(())
+        # why the last load was refused, shown by /v1/rules until one succeeds
+        self.errors: list[RuleError] = []
         self.last_results: list[Result] = []
         self.reuse = Reuse()
-        self.errors = self.reload(self.rule_paths)
+        self.put_in_force(load_rules(self.rule_paths))
+        if not self.errors:
+            log.info(
+                "loaded %d rules from %d files", len(self.ruleset.rules), len(self.ruleset.files)
+            )
 
-    def reload(self, paths: Sequence[str | Path] | None = None) -> list[RuleError]:
-        """Load a new rule set atomically. On any error it is refused whole, the errors are
-        returned (and logged) and the rules in force stay."""
-        paths = self.rule_paths if paths is None else list(paths)
-        loaded = load_rules(paths)
+    def put_in_force(self, loaded: Loaded) -> list[Transition]:
+        """Put a loaded rule set in force at once, so a tick never sees half of one. A set
+        with errors is refused whole: its errors are kept in `errors` (and logged) and the
+        rules in force stay. Returns the transitions of the open findings whose rule is no
+        longer in force (resolved, or inactive if still pending)."""
         if loaded.errors:
             for e in loaded.errors:
                 log.error("rules not reloaded: %s", e)
-            return loaded.errors
+            self.errors = list(loaded.errors)
+            return []
         self.ruleset = loaded.ruleset
+        self.errors = []
         self.reuse = Reuse()
-        self.rule_paths = list(paths)
-        self.lifecycle.drop_rules({r.id for r in self.ruleset.rules}, self.clock.now())
-        log.info("loaded %d rules from %d files", len(self.ruleset.rules), len(self.ruleset.files))
-        return []
+        return self.lifecycle.drop_rules({r.id for r in self.ruleset.rules}, self.clock.now())
 
     def tick(self, now: float | None = None) -> list[Transition]:
         t = self.clock.now() if now is None else now
@@ -68,11 +78,31 @@ class RuleService:
             log.info("finding %s %s on %s: %s -> %s", tr.rule, tr.code, tr.subject, tr.old, tr.new)
         return transitions
 
+    def restore(self, findings: Iterable[Finding]) -> None:
+        """Take back open findings kept across a restart (before the first tick)."""
+        for f in findings:
+            self.lifecycle.findings[(f.rule, f.subject)] = f
+
     def active(self) -> list[Finding]:
         return self.lifecycle.active()
 
     def history(self) -> list[Finding]:
+        """Resolved findings, oldest first."""
         return list(self.lifecycle.history)
+
+    def open_finding(self, rule: str, subject: str) -> Finding | None:
+        """The pending or firing finding of `rule` on `subject`."""
+        return self.lifecycle.findings.get((rule, subject))
+
+    def last_resolved(self, rule: str, subject: str) -> Finding | None:
+        resolved = reversed(self.lifecycle.history)
+        return next((h for h in resolved if h.rule == rule and h.subject == subject), None)
+
+    def result(self, rule: str, subject: str) -> Result | None:
+        """The last evaluation's result of `rule` on `subject`."""
+        return next(
+            (r for r in self.last_results if r.rule.id == rule and r.subject == subject), None
+        )
 
     def findings_batch(self) -> Batch:
         """moptd_finding_active / moptd_finding_pending samples, for store.ingest("rules", ...)."""

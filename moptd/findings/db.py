@@ -559,6 +559,11 @@ def _where(base: str, filters: list[tuple[str, object]]) -> tuple[str, list[obje
     return " AND ".join([base, *(clause for clause, _ in given)]), [v for _, v in given]
 
 
+def recorded_subjects(c: sqlite3.Connection) -> list[str]:
+    """Every subject a finding was recorded on (a GPU gone from the store included)."""
+    return [r[0] for r in c.execute("SELECT DISTINCT subject FROM findings")]
+
+
 def query_findings(
     c: sqlite3.Connection,
     subject: str | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,6 +43,26 @@ def steps_of(result: Result | None) -> list[dict[str, Any]]:
         }
         for s in result.steps
     ]
+
+
+def finding_of_row(row: Mapping[str, Any], now: float) -> Finding:
+    """A firing finding as the database kept it, to put back in force after a restart."""
+    return Finding(
+        rule=str(row["rule"]),
+        subject=str(row["subject"]),
+        code=str(row["code"]),
+        severity=cast(Severity, row["severity"]),
+        state="firing",
+        summary=str(row.get("summary", "")),
+        pending_since=float(row.get("pending_since") or now),
+        first_seen=row.get("first_seen"),
+        last_seen=float(row.get("last_seen") or now),
+        pci_bus_id=row.get("pci_bus_id"),
+        evidence=dict(row.get("evidence") or {}),
+        path=list(row.get("path") or []),
+        actions=list(row.get("actions") or []),
+        runbook=str(row.get("runbook") or ""),
+    )
 
 
 class Diagnosis:
@@ -93,24 +113,7 @@ class Diagnosis:
         """Firing findings come back as they were; a pending one starts its `for:` again."""
         open_rows = await asyncio.to_thread(self.db.history, state="firing", limit=10000)
         now = self.rules.clock.now()
-        for row in open_rows:
-            key = (str(row["rule"]), str(row["subject"]))
-            self.rules.lifecycle.findings[key] = Finding(
-                rule=key[0],
-                subject=key[1],
-                code=str(row["code"]),
-                severity=cast(Severity, row["severity"]),
-                state="firing",
-                summary=str(row.get("summary", "")),
-                pending_since=float(row.get("pending_since") or now),
-                first_seen=row.get("first_seen"),
-                last_seen=float(row.get("last_seen") or now),
-                pci_bus_id=row.get("pci_bus_id"),
-                evidence=dict(row.get("evidence") or {}),
-                path=list(row.get("path") or []),
-                actions=list(row.get("actions") or []),
-                runbook=str(row.get("runbook") or ""),
-            )
+        self.rules.restore(finding_of_row(row, now) for row in open_rows)
         pending = await asyncio.to_thread(self.db.history, state="pending", limit=10000)
         for row in pending:
             self.db.record_transition(
@@ -164,10 +167,7 @@ class Diagnosis:
             self.before_tick()
         transitions = self.rules.tick(now)
         self.ticks += 1
-        records = [self._record(tr) for tr in transitions]
-        for rec in records:
-            self.db.record_transition(rec)
-            self._broadcast(rec)
+        records = self._persist(transitions)
         self.store.ingest("rules", self.rules.findings_batch())
         self.publish_health()
         if transitions:
@@ -176,61 +176,44 @@ class Diagnosis:
         return transitions, records
 
     def _record(self, tr: Transition) -> dict[str, Any]:
-        f = self.rules.lifecycle.findings.get((tr.rule, tr.subject))
+        f = self.rules.open_finding(tr.rule, tr.subject)
         if f is None and tr.new == "resolved":
-            f = next(
-                (
-                    h
-                    for h in reversed(self.rules.lifecycle.history)
-                    if h.rule == tr.rule and h.subject == tr.subject
-                ),
-                None,
-            )
+            f = self.rules.last_resolved(tr.rule, tr.subject)
         detail: dict[str, Any] = f.to_json() if f is not None else {}
         if f is not None and tr.new in ("pending", "firing"):
-            detail["steps"] = steps_of(self._result(tr.rule, tr.subject))
+            detail["steps"] = steps_of(self.rules.result(tr.rule, tr.subject))
         return transition_record(
             tr.t, tr.rule, tr.subject, tr.code, tr.severity, tr.old, tr.new, tr.summary, detail
         )
 
-    def _result(self, rule: str, subject: str) -> Result | None:
-        return next(
-            (r for r in self.rules.last_results if r.rule.id == rule and r.subject == subject),
-            None,
-        )
-
-    async def reload(self) -> list[str]:
-        """Reload the rule files: read and compiled off the loop, put in force on it (so a
-        tick never sees half a rule set). Findings of rules that went away resolve, and
-        those transitions are recorded like any other."""
-        # One at a time: reloads run off the loop, and two at once could finish out of
-        # order, putting an older version of the files in force after a newer one.
-        async with self._reload_lock:
-            return await self._reload()
-
-    async def _reload(self) -> list[str]:
-        rules = self.rules
-        loaded = await asyncio.to_thread(load_rules, list(rules.rule_paths))
-        if loaded.errors:
-            for e in loaded.errors:
-                log.error("rules not reloaded: %s", e)
-            # shown by /v1/rules until a reload succeeds; the rules in force stay
-            rules.errors = list(loaded.errors)
-            return [str(e) for e in loaded.errors]
-        rules.ruleset = loaded.ruleset
-        rules.errors = []
-        dropped = rules.lifecycle.drop_rules(
-            {r.id for r in loaded.ruleset.rules}, rules.clock.now()
-        )
-        for tr in dropped:
-            rec = self._record(tr)
+    def _persist(self, transitions: list[Transition]) -> list[dict[str, Any]]:
+        """Record each transition and tell the event stream; returns the records."""
+        records = [self._record(tr) for tr in transitions]
+        for rec in records:
             self.db.record_transition(rec)
             self._broadcast(rec)
-        log.info(
-            "reloaded %d rules from %d files", len(loaded.ruleset.rules), len(loaded.ruleset.files)
-        )
-        self._wake.set()
-        return []
+        return records
+
+    async def reload(self) -> list[str]:
+        """The one rule reload (SIGHUP and POST /v1/rules/reload): the files are read and
+        compiled off the loop and put in force on it, so a tick never sees half a rule set.
+        A set with errors is refused whole and its errors returned; the rules in force
+        stay. Findings of rules that went away resolve, recorded like any other change."""
+        # One at a time: reads run off the loop, and two at once could finish out of order,
+        # putting an older version of the files in force after a newer one.
+        async with self._reload_lock:
+            loaded = await asyncio.to_thread(load_rules, list(self.rules.rule_paths))
+            dropped = self.rules.put_in_force(loaded)
+            if loaded.errors:
+                return [str(e) for e in loaded.errors]
+            self._persist(dropped)
+            log.info(
+                "reloaded %d rules from %d files",
+                len(loaded.ruleset.rules),
+                len(loaded.ruleset.files),
+            )
+            self._wake.set()
+            return []
 
     def publish_health(self) -> None:
         batch = Batch()
@@ -245,7 +228,7 @@ class Diagnosis:
         for f in self.rules.active():
             d = f.to_json()
             d["pending_since"] = f.pending_since
-            d["steps"] = steps_of(self._result(f.rule, f.subject))
+            d["steps"] = steps_of(self.rules.result(f.rule, f.subject))
             out.append(d)
         return sorted(out, key=lambda d: (str(d["subject"]), str(d["code"])))
 

@@ -8,7 +8,7 @@ client; clients that never read their responses do not stall anyone. Meanwhile /
 the API answer within a deadline (worst latency measured), and the daemon's open file count
 returns to its baseline once the abusers are gone.
 
-Limits (moptd/daemon/api.py, docs/api/README.md): IDLE_TIMEOUT without a complete request,
+Limits (moptd/daemon/http.py, docs/api/README.md): IDLE_TIMEOUT without a complete request,
 MAX_CONNECTIONS per listener, 64 KiB per body, aiohttp's 8190-byte line and header caps.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from moptd.daemon.api import IDLE_TIMEOUT, MAX_CONNECTIONS
+from moptd.daemon.http import IDLE_TIMEOUT, MAX_CONNECTIONS
 from tests.daemon_proc import DaemonProcess, free_port
 from tests.faults.conftest import (
     api_get,
