@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moptd.diagnose.bundle import read_bundle
+from moptd.bundle import read_bundle
 from moptd.record.writer import Recorder, RecordOptions, ServingSource, read_kmsg
 from tests.api_helpers import get, kmsg_writable, wait_for, wait_socket, write_xid79
 from tests.conftest import FIXTURES
