@@ -233,14 +233,15 @@ def _config_error(e: Exception) -> BundleError:
 
 
 def _disks(root: Path) -> dict[str, DiskUsage]:
-    """host/df.txt (`df -P`) -> usage by mount point, as statvfs would give it."""
     path = root / DF
-    if not path.exists():
-        return {}
-    text = read_text(path)
+    return parse_df_usage(read_text(path), str(path)) if path.exists() else {}
+
+
+def parse_df_usage(text: str, file: str) -> dict[str, DiskUsage]:
+    """`df -P` output -> usage by mount point, as statvfs would give it."""
     rows = procfs.parse_df(text)
     if text.strip() and not rows:
-        raise BundleError(str(path), 1, "no filesystem line: not the output of df -P")
+        raise BundleError(file, 1, "no filesystem line: not the output of df -P")
     out: dict[str, DiskUsage] = {}
     for row in rows:
         size, used, avail = (int(str(row[k])) for k in ("size", "used", "available"))
@@ -249,12 +250,14 @@ def _disks(root: Path) -> dict[str, DiskUsage]:
 
 
 def _dev_nodes(root: Path) -> dict[str, os.stat_result | None] | None:
-    """host/dev_nodes.txt (`ls -l /dev/nvidia*`) -> the nodes with their type and mode."""
     path = root / DEV_NODES
-    if not path.exists():
-        return None
+    return parse_dev_nodes(read_text(path)) if path.exists() else None
+
+
+def parse_dev_nodes(text: str) -> dict[str, os.stat_result | None]:
+    """`ls -l /dev/nvidia*` -> the nodes with their type and mode."""
     out: dict[str, os.stat_result | None] = {}
-    for m in _DEV_LINE.finditer(read_text(path)):
+    for m in _DEV_LINE.finditer(text):
         mode = _mode(m.group("mode"))
         # owner and group are names on the recorded host; no ids to compare here
         out[m.group("name")] = os.stat_result((mode, 0, 0, 1, -1, -1, 0, 0, 0, 0))

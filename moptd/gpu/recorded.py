@@ -357,19 +357,26 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
 
 # --- gpu/samples.jsonl rows ----------------------------------------------------------
 # One JSON object per line, one GPU per object (tests/fixtures/h200/nvml_samples.jsonl):
-#   {"t": unix_s, "gpu": 0, "util": %, "mem_used": bytes, "power_mw": mW, "temp": C,
-#    "sm_clock": MHz, "mem_clock": MHz, "clock_event_reasons": mask, "pstate": n,
-#    "pcie_gen": n, "procs": [[pid, bytes], ...]}
+#   {"t": unix_s, "gpu": 0, "util": %, "mem_util": %, "mem_total": bytes,
+#    "mem_used": bytes, "mem_free": bytes, "mem_reserved": bytes, "power_mw": mW,
+#    "temp": C, "sm_clock": MHz, "mem_clock": MHz, "clock_event_reasons": mask,
+#    "pstate": n, "pcie_gen": n, "procs": [[pid, bytes], ...]}
 # Every key but t is optional; "gpu" defaults to 0. The one scale table, both directions:
-# row key -> (FastReading field, base units per row unit).
-ROW_FIELDS: tuple[tuple[str, str, float], ...] = (
-    ("util", "util", 0.01),
-    ("mem_used", "memory_used", 1.0),
-    ("power_mw", "power", 1e-3),
-    ("temp", "temperature", 1.0),
-    ("sm_clock", "sm_clock", 1e6),
-    ("mem_clock", "mem_clock", 1e6),
-    ("pstate", "pstate", 1.0),
+# row key -> (FastReading field, row units per base unit as a multiplier and a divisor).
+# Kept as two exact factors so that the conversion is one correctly rounded operation
+# each way: NVML's values (integer mW, %, MHz in base units) come back bit for bit.
+ROW_FIELDS: tuple[tuple[str, str, float, float], ...] = (
+    ("util", "util", 100.0, 1.0),
+    ("mem_util", "mem_util", 100.0, 1.0),
+    ("mem_total", "memory_total", 1.0, 1.0),
+    ("mem_used", "memory_used", 1.0, 1.0),
+    ("mem_free", "memory_free", 1.0, 1.0),
+    ("mem_reserved", "memory_reserved", 1.0, 1.0),
+    ("power_mw", "power", 1000.0, 1.0),
+    ("temp", "temperature", 1.0, 1.0),
+    ("sm_clock", "sm_clock", 1.0, 1e6),
+    ("mem_clock", "mem_clock", 1.0, 1e6),
+    ("pstate", "pstate", 1.0, 1.0),
 )
 _INT_KEYS = frozenset({"pstate"})
 
@@ -377,10 +384,10 @@ _INT_KEYS = frozenset({"pstate"})
 def sample_row(t: float, gpu: int, r: FastReading) -> dict[str, Any]:
     """A fast reading as one gpu/samples.jsonl row (what ``read_samples`` reads back)."""
     row: dict[str, Any] = {"t": round(t, 3), "gpu": gpu}
-    for key, attr, scale in ROW_FIELDS:
+    for key, attr, up, down in ROW_FIELDS:
         value = getattr(r, attr)
         if value is not None:
-            v = value * (1 / scale)
+            v = value * up / down
             row[key] = int(v) if key in _INT_KEYS else v
     if r.clock_event_reasons is not None:
         row["clock_event_reasons"] = int(r.clock_event_reasons)
@@ -398,7 +405,10 @@ def _number(s: dict[str, Any], key: str) -> float | None:
 
 def _sample_fast(s: dict[str, Any]) -> FastReading:
     """One row in base units; ValueError names the key of a bad value."""
-    values = {attr: _scaled(_number(s, key), scale) for key, attr, scale in ROW_FIELDS}
+    values: dict[str, float | None] = {}
+    for key, attr, up, down in ROW_FIELDS:
+        v = _number(s, key)
+        values[attr] = None if v is None else v * down / up
     mask = s.get("clock_event_reasons")
     if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
         raise ValueError("clock_event_reasons: a bit mask expected")
@@ -418,10 +428,6 @@ def _sample_procs(s: dict[str, Any]) -> tuple[ProcessReading, ...]:
             raise ValueError("procs: [[pid, bytes], ...] expected")
         out.append(ProcessReading(int(p[0]), float(p[1])))
     return tuple(out)
-
-
-def _scaled(v: float | None, factor: float) -> float | None:
-    return None if v is None else v * factor
 
 
 def _scale(v: Any, factor: float) -> float | None:
@@ -500,7 +506,7 @@ def _rows(lines: Sequence[str], path: Path) -> Recording:
         try:
             fast = _sample_fast(s)
             procs = _sample_procs(s)
-            pcie = _scaled(_number(s, "pcie_gen"), 1)
+            pcie = _number(s, "pcie_gen")
         except ValueError as exc:
             raise RecordingError(path, lineno, str(exc)) from None
         rec.entries.append(
