@@ -81,8 +81,7 @@ UNSTABLE_FAMILIES = tuple(
     str(CATALOG[name].metric) for name in UNSTABLE_SIGNALS if CATALOG[name].metric
 )
 # What only a live host tells: /proc/stat, running processes, the NVSwitch directory,
-# Secure Boot and lockdown, which engines are installed (binaries, sockets) and a
-# configuration file that is absent (live: 0; a bundle: not recorded).
+# Secure Boot and lockdown, which engines are installed (binaries, sockets).
 LIVE_ONLY = {
     "node.boot_time",
     "node.cpu_count",
@@ -96,7 +95,12 @@ LIVE_ONLY = {
     "driver.secure_boot",
     "driver.kernel_lockdown",
     "container.engine_present",
-    "container.nvidia_runtime_configured",
+}
+# A configuration file that is absent: live says "not configured" (0), a bundle without
+# the file says nothing (not recorded). Neither tree nor bundle has one.
+ABSENT_CONFIG = {
+    ("container.nvidia_runtime_configured", "node", (("engine", engine),), 0.0)
+    for engine in ("docker", "containerd")
 }
 
 
@@ -253,6 +257,8 @@ def test_live_and_replay_give_the_same_samples_from_the_same_evidence(tmp_path: 
     replay = [s for _, name, b in tl.observations if name in ("host", "driver", "container")
               for s in b.samples]
     live_stack = {k for k in _stack(live.samples) if k[0] not in LIVE_ONLY}
+    assert ABSENT_CONFIG <= live_stack
+    live_stack -= ABSENT_CONFIG
     replay_stack = _stack(replay)
     # the user-space version: NVML live, the nvidia-smi dump in the bundle; same version
     version = {k for k in live_stack | replay_stack if k[0] == "driver.user_space_version"}
