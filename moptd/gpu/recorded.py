@@ -364,7 +364,8 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
 # Every key but t is optional; "gpu" defaults to 0. The one scale table, both directions:
 # row key -> (FastReading field, row units per base unit as a multiplier and a divisor).
 # Kept as two exact factors so that the conversion is one correctly rounded operation
-# each way: NVML's values (integer mW, %, MHz in base units) come back bit for bit.
+# each way, the live backend's own arithmetic (mW / 1000, % / 100, MHz * 1e6): a reading
+# written by sample_row comes back bit for bit.
 ROW_FIELDS: tuple[tuple[str, str, float, float], ...] = (
     ("util", "util", 100.0, 1.0),
     ("mem_util", "mem_util", 100.0, 1.0),
@@ -409,10 +410,13 @@ def _sample_fast(s: dict[str, Any]) -> FastReading:
     for key, attr, up, down in ROW_FIELDS:
         v = _number(s, key)
         values[attr] = None if v is None else v * down / up
-    mask = s.get("clock_event_reasons")
-    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
+    raw = s.get("clock_event_reasons")
+    mask = _number(s, "clock_event_reasons")
+    if mask is not None and (mask < 0 or not mask.is_integer()):
         raise ValueError("clock_event_reasons: a bit mask expected")
-    return FastReading(**values, clock_event_reasons=mask)
+    # an int as it is: a 64-bit mask does not survive a float
+    reasons = raw if isinstance(raw, int) else None if mask is None else int(mask)
+    return FastReading(**values, clock_event_reasons=reasons)
 
 
 def _sample_procs(s: dict[str, Any]) -> tuple[ProcessReading, ...]:
