@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from moptd.bundle import read_bundle
 from moptd.diagnose.loader import default_rules_dir
 from moptd.diagnose.replay import replay
 
@@ -62,7 +63,7 @@ def main() -> None:
         root = Path(tmp) / "bundle"
         span = make_bundle(root, args.minutes)
         t0 = time.perf_counter()
-        report = replay(root, [default_rules_dir()])
+        report = replay(root, [default_rules_dir()], read_bundle)
         wall = time.perf_counter() - t0
     codes = sorted({str(f["code"]) for f in report.findings})
     print(

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from moptd.clock import Clock, SystemClock
 from moptd.observations import Batch, Event
@@ -55,18 +56,95 @@ class Option:
     check: Callable[[Any], None] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DiskUsage:
+    """A file system's size in bytes, as statvfs gives it and `df -P` prints it."""
+
+    size: int
+    used: int
+    available: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentities:
+    """The GPUs by PCI bus id (index and UUID) and the user-space driver version ("" when
+    unknown) with where it was read."""
+
+    index_by_bus: Mapping[str, int]
+    uuid_by_bus: Mapping[str, str]
+    user_version: str
+    user_version_source: str = "nvml"
+
+
+class Source(Protocol):
+    """What the host, driver and container collectors read that is not a file under one of
+    the context's roots. Live, it asks the host (statvfs, tools, NVML); over a bundle, it
+    answers from the bundle's files. None (or an empty answer) means "not known here": the
+    collector then emits nothing for it."""
+
+    def disk_usage(self, path: Path) -> DiskUsage | None: ...
+
+    def cpu_count(self) -> int | None: ...
+
+    def kernel_release(self) -> str | None: ...
+
+    def run(self, argv: Sequence[str], search_path: str | None = None) -> str | None:
+        """A tool's standard output; None when it is absent or fails."""
+        ...
+
+    def engine_present(
+        self, engine: str, binaries: Sequence[str], socket: Path, search_path: str | None
+    ) -> bool | None: ...
+
+    def device_nodes(self, dev: Path) -> Mapping[str, os.stat_result | None] | None:
+        """The entries named nvidia* in ``dev`` by name (None: one that cannot be
+        stat'ed); None when not known (not recorded)."""
+        ...
+
+    def stat(self, path: Path) -> os.stat_result | None:
+        """A device node expected but not listed by ``device_nodes``."""
+        ...
+
+    def gpu_identities(self, procfs: Path) -> GpuIdentities: ...
+
+
 @dataclass
 class CollectorContext:
     """What a collector may know about the daemon: its own options, the filesystem roots
-    it reads, the state directory, the clock, and a way to publish events as they come."""
+    it reads, what it reads that is not a file (``source``; None: the live host), the
+    state directory, the clock, and a way to publish events as they come.
+
+    ``recorded``: the sources are a recording (a bundle), not a live host. A file that is
+    absent there is evidence that was not recorded: the collector goes on without it
+    instead of reporting its source unavailable, and emits nothing that only a live host
+    could tell (running processes, for one)."""
 
     options: Mapping[str, Any] = field(default_factory=dict)
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
+    devfs: Path = Path("/dev")
+    etc: Path = Path("/etc")
+    source: Source | None = None
+    recorded: bool = False
     state_dir: Path = Path("/var/lib/moptd")
     clock: Clock = field(default_factory=SystemClock)
     publish: Callable[[list[Event]], None] = lambda events: None
     global_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+    def host_path(self, path: Path | str) -> Path:
+        """Where a host path (/etc/..., /dev/..., /proc/..., /sys/...) lives under this
+        context's roots; other paths as they are."""
+        p = Path(path)
+        for top, root in (
+            ("/etc", self.etc),
+            ("/dev", self.devfs),
+            ("/proc", self.procfs),
+            ("/sys", self.sysfs),
+        ):
+            if p.is_relative_to(top):
+                return root / p.relative_to(top)
+        return p
 
 
 class Collector:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moptd.bundle import BundleError, read_bundle
 from moptd.cli import main
-from moptd.diagnose.bundle import BundleError, read_bundle
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "bundles" / "h200-matmul-power-cap"
@@ -57,7 +57,10 @@ def test_tar_gz_bundle(tmp_path: Path) -> None:
     with tarfile.open(tgz, "w:gz") as tar:
         tar.add(FIXTURES / "scenarios" / "row-remap-pending-a10", arcname="row-remap")
     tl = read_bundle(tgz)
-    assert len(tl.observations) == 1
+    # the nvidia-smi dump, and the driver collector's reading of the version it shows
+    assert [s for _, s, _ in tl.observations] == ["nvml", "driver"]
+    driver = tl.observations[1][2]
+    assert [s.signal for s in driver.samples] == ["driver.user_space_version"]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moptd.diagnose.bundle import read_bundle
+from moptd.bundle import read_bundle
+from moptd.observations import Batch
 from moptd.record.writer import Recorder, RecordOptions, ServingSource, read_kmsg
 from tests.api_helpers import get, kmsg_writable, wait_for, wait_socket, write_xid79
 from tests.conftest import FIXTURES
@@ -196,3 +197,27 @@ def test_record_then_replay_finds_what_the_live_daemon_found(tmp_path):
         (f["code"], f["subject"]) for f in live
     }
     assert abs(replayed[0]["first_seen"] - live[0]["first_seen"]) < 2.0
+
+
+def test_nvml_samples_the_recorder_writes_are_what_replay_reads(tmp_path: Path) -> None:
+    """Without nvidia-smi the recorder writes NVML's fast readings to gpu/samples.jsonl;
+    replay reads back exactly the samples the live NVML collector makes of them. The
+    real H200 recording stands in for NVML (the recorded backend, not a fake)."""
+    from moptd.gpu.batch import add_fast
+    from moptd.gpu.recorded import RecordedBackend
+
+    recording = FIXTURES / "h200" / "nvml_recording_h200.jsonl"
+    recorder = Recorder(RecordOptions(duration=0))
+    recorder._nvml = RecordedBackend.from_file(recording)
+    for _ in range(30):
+        recorder._nvml_sample(tmp_path)
+    assert recorder.files == ["gpu/samples.jsonl"]
+    tl = read_bundle(tmp_path)
+    got = [b for _, source, b in tl.observations if source == "samples"]
+    same = RecordedBackend.from_file(recording)
+    assert len(got) == 30
+    for batch in got:
+        want = Batch()
+        add_fast(want, 0, same.read_fast(0))
+        fast = {s.signal for s in want.samples}
+        assert [s for s in batch.samples if s.signal in fast] == want.samples

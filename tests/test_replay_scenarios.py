@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moptd.bundle import read_bundle
 from moptd.cli import main
 from moptd.diagnose.loader import default_rules_dir
 from moptd.diagnose.replay import replay
@@ -48,7 +49,7 @@ def check(expected: dict[str, list[dict[str, object]]], findings: list[dict[str,
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
 def test_scenario(bundle: Path) -> None:
     expected = yaml.safe_load((bundle / "expected.yaml").read_text())
-    report = replay(bundle, [default_rules_dir()])
+    report = replay(bundle, [default_rules_dir()], read_bundle)
     check(expected, report.findings)
     for f in report.findings:
         assert f["path"]

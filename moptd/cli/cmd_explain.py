@@ -181,8 +181,8 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
 
 def bundle_view(path: Path) -> dict[str, Any] | None:
     """The live engine over a bundle; "now" is the bundle's last time step."""
+    from moptd.bundle import BundleError, read_bundle
     from moptd.cli.bundle_guard import check_bundle
-    from moptd.diagnose.bundle import BundleError, read_bundle
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
 

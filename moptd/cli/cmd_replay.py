@@ -27,15 +27,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from moptd.bundle import BundleError, read_bundle
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
-    from moptd.diagnose.bundle import BundleError
     from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.replay import RulesInvalid, replay
 
     rules = [Path(r) for r in args.rules] or [default_rules_dir()]
     try:
         check_bundle(Path(args.bundle))
-        report = replay(Path(args.bundle), rules)
+        report = replay(Path(args.bundle), rules, read_bundle)
     except (BundleError, BundleRefused) as e:
         print(f"moptd replay: {e}", file=sys.stderr)
         return EXIT_BAD_BUNDLE

@@ -5,7 +5,9 @@ containerd's config name the nvidia runtime, the nvidia-container-toolkit versio
 the CDI specs in /etc/cdi and /var/run/cdi checked against the running driver: a spec
 generated before a driver upgrade names the old libraries and breaks every GPU
 container. A malformed file is reported (config_valid 0, the reason as text) naming the
-file; it never fails the collector.
+file; it never fails the collector. Files are read under the context's roots (labelled by
+their host path) and engines and tools are asked of its Source, so bundle replay runs this
+same code over a bundle's container/ files (moptd.bundle).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
-import subprocess
 import tomllib
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -25,8 +25,9 @@ from typing import Any, ClassVar
 import yaml
 
 from moptd import yamlsafe
-from moptd.collector import Collector, CollectorContext, Option
+from moptd.collector import Collector, CollectorContext, Option, Source
 from moptd.collectors.driver import parse_module_version
+from moptd.collectors.sources import source_of
 from moptd.observations import NODE, Batch, labels_of
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class ContainerCollector(Collector):
         self._reported: set[str] = set()
 
     async def collect(self) -> Batch:
-        return await self.blocking(self._read)
+        return await self.blocking(self.read)
 
     def _bad(self, b: Batch, file: str, message: str) -> None:
         b.add("container.config_valid", NODE, 0.0, labels_of(file=file))
@@ -182,15 +183,16 @@ class ContainerCollector(Collector):
             self._reported.add(message)
             log.warning("%s", message)
 
-    def _read(self) -> Batch:
+    def read(self) -> Batch:
+        """One pass over the sources (blocking)."""
         b = Batch()
+        source = source_of(self.ctx)
         path = self.option("search_path")
         for engine, (binaries, socket_opt) in ENGINES.items():
-            present = (
-                any(shutil.which(x, path=path) for x in binaries)
-                or Path(str(self.option(socket_opt))).exists()
-            )
-            b.add("container.engine_present", NODE, float(present), labels_of(engine=engine))
+            socket = self.ctx.host_path(str(self.option(socket_opt)))
+            present = source.engine_present(engine, binaries, socket, path)
+            if present is not None:
+                b.add("container.engine_present", NODE, float(present), labels_of(engine=engine))
         self._check_file(b, "docker", str(self.option("docker_daemon_json")), parse_daemon_json)
         self._check_file(
             b, "containerd", str(self.option("containerd_config")), parse_containerd_config
@@ -200,8 +202,7 @@ class ContainerCollector(Collector):
         if text is not None:
             parsed = parse_module_version(text)
             running = parsed[0] if parsed else ""
-        for spec_path in self._cdi_files():
-            file = str(spec_path)
+        for file, spec_path in self._cdi_files():
             try:
                 data = spec_path.read_bytes()[:MAX_SPEC_BYTES].decode("utf-8", "replace")
                 spec = parse_cdi_spec(data, file)
@@ -222,16 +223,18 @@ class ContainerCollector(Collector):
                 match = float(spec.driver_version == running)
                 b.add("container.cdi_spec_driver_match", NODE, match, labels_of(file=file))
         if self.option("use_tools"):
-            version = _toolkit_version(path)
+            version = _toolkit_version(source, path)
             if version:
                 b.add("container.toolkit_version", NODE, 1.0, labels_of(version=version))
         return b
 
     def _check_file(self, b: Batch, engine: str, file: str, parse: Any) -> None:
         try:
-            text = Path(file).read_text(encoding="utf-8", errors="replace")
+            text = self.ctx.host_path(file).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
-            b.add("container.nvidia_runtime_configured", NODE, 0.0, labels_of(engine=engine))
+            if not self.ctx.recorded:  # in a recording, absent is not recorded
+                labels = labels_of(engine=engine)
+                b.add("container.nvidia_runtime_configured", NODE, 0.0, labels)
             return
         except OSError as exc:
             self._bad(b, file, f"{file}: cannot read: {exc.strerror}")
@@ -249,14 +252,19 @@ class ContainerCollector(Collector):
             labels_of(engine=engine),
         )
 
-    def _cdi_files(self) -> list[Path]:
-        out: list[Path] = []
+    def _cdi_files(self) -> list[tuple[str, Path]]:
+        """(the spec's host path, where it is read) for each CDI spec."""
+        out: list[tuple[str, Path]] = []
         for d in self.option("cdi_dirs"):
             try:
-                entries = sorted(Path(str(d)).iterdir())
+                entries = sorted(self.ctx.host_path(str(d)).iterdir())
             except OSError:
                 continue
-            out.extend(p for p in entries if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+            out.extend(
+                (str(Path(str(d)) / p.name), p)
+                for p in entries
+                if p.suffix in (".yaml", ".yml", ".json") and p.is_file()
+            )
         return out
 
 
@@ -267,18 +275,9 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _toolkit_version(path: str | None) -> str:
+def _toolkit_version(source: Source, path: str | None) -> str:
     for argv in (["nvidia-ctk", "--version"], ["nvidia-container-cli", "--version"]):
-        exe = shutil.which(argv[0], path=path)
-        if exe is None:
-            continue
-        try:
-            res = subprocess.run(
-                [exe, *argv[1:]], capture_output=True, text=True, timeout=10, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        version = parse_toolkit_version(res.stdout)
+        version = parse_toolkit_version(source.run(argv, path) or "")
         if version:
             return version
     return ""

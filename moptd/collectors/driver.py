@@ -5,7 +5,9 @@ against the running kernel, taint, Secure Boot and lockdown, /dev/nvidia* nodes 
 whether the serving user can open them, nvidia-persistenced, fabric manager where
 NVSwitches exist, GSP firmware. The cheap facts (files under /proc, /sys and /dev) are
 read every pass; the costly ones (NVML init, ``dkms status``, ``nvidia-smi -q``) every
-``slow_interval``.
+``slow_interval``. Files are read under the context's roots and everything else (tools,
+NVML, device nodes, the kernel release) through its Source, so bundle replay runs this
+same code over a bundle's kernel/ and host/ files (moptd.bundle).
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import os
 import pwd
 import re
 import stat
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from moptd.collector import Collector, CollectorContext, Option, Unavailable
+from moptd.collector import Collector, CollectorContext, Option, Source, Unavailable
+from moptd.collectors.sources import source_of
 from moptd.observations import NODE, Batch, gpu_subject, labels_of
 from moptd.proc.pci import pci_key
 
@@ -40,7 +42,7 @@ _DKMS_NEW = re.compile(r"(?P<module>[^/,\s]+)/(?P<version>[^,\s]+)" + _DKMS_TAIL
 _DKMS_OLD = re.compile(r"(?P<module>[^/,\s]+), (?P<version>[^,\s]+)" + _DKMS_TAIL)
 _SMI_GPU = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _SMI_GSP = re.compile(r"^\s*GSP Firmware Version\s*:\s*(?P<version>.+?)\s*$")
-_TOOL_TIMEOUT = 10.0
+_DEV_NODE = re.compile(r"nvidia(\d+|ctl|-uvm(-tools)?|-modeset)")
 
 
 # --- parsers (shared with bundle replay) ---------------------------------------------
@@ -204,20 +206,6 @@ def _proc_gpus(procfs: Path) -> tuple[dict[str, int], dict[str, str]]:
     return {b: i for i, b in enumerate(buses)}, uuids
 
 
-def _run(argv: list[str]) -> str | None:
-    try:
-        res = subprocess.run(
-            argv, capture_output=True, text=True, timeout=_TOOL_TIMEOUT, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.debug("%s: %s", argv[0], exc)
-        return None
-    if res.returncode != 0:
-        log.debug("%s exited %d: %s", argv[0], res.returncode, res.stderr.strip()[:200])
-        return None
-    return res.stdout
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
@@ -257,17 +245,22 @@ class DriverCollector(Collector):
         self._slow = _Slow()
 
     async def collect(self) -> Batch:
-        return await self.blocking(self._read)
+        return await self.blocking(self.read)
 
-    def _read(self) -> Batch:
+    def read(self) -> Batch:
+        """One pass over the sources (blocking)."""
         proc, sys = self.ctx.procfs, self.ctx.sysfs
+        source = source_of(self.ctx)
+        recorded = self.ctx.recorded
         modules_text = _read(proc / "modules")
-        if modules_text is None:
+        if modules_text is None and not recorded:
             raise Unavailable(f"cannot read {proc / 'modules'}")
         b = Batch()
-        loaded = parse_proc_modules(modules_text)
-        for module in MODULES:
-            b.add("driver.module_loaded", NODE, float(module in loaded), labels_of(module=module))
+        loaded = parse_proc_modules(modules_text or "")
+        if modules_text is not None:
+            for module in MODULES:
+                loaded_f = float(module in loaded)
+                b.add("driver.module_loaded", NODE, loaded_f, labels_of(module=module))
         module_version: tuple[str, str] | None = None
         text = _read(proc / "driver/nvidia/version")
         if text is not None:
@@ -283,7 +276,7 @@ class DriverCollector(Collector):
                 1.0,
                 labels_of(version=module_version[0], flavor=module_version[1]),
             )
-        self._refresh_slow(proc)
+        self._refresh_slow(proc, source)
         slow = self._slow
         if slow.user_version:
             b.add(
@@ -295,8 +288,8 @@ class DriverCollector(Collector):
             if module_version is not None:
                 match = slow.user_version == module_version[0]
                 b.add("driver.nvml_version_match", NODE, float(match))
-        kernel = (_read(proc / "sys/kernel/osrelease") or os.uname().release).strip()
-        if slow.dkms is not None:
+        kernel = (_read(proc / "sys/kernel/osrelease") or source.kernel_release() or "").strip()
+        if slow.dkms is not None and kernel:
             verdict = dkms_kernel_match(slow.dkms, kernel)
             if verdict is not None:
                 b.add("driver.dkms_kernel_match", NODE, float(verdict))
@@ -314,64 +307,63 @@ class DriverCollector(Collector):
             m = re.search(r"\[(\w+)\]", lockdown)
             if m:
                 b.add("driver.kernel_lockdown", NODE, float(m.group(1) != "none"))
-        self._dev_nodes(b, loaded)
-        commands = running_commands(proc)
-        b.add("driver.persistenced_running", NODE, float("nvidia-persiste" in commands))
-        try:
-            nvswitch = any((proc / "driver/nvidia-nvswitch/devices").iterdir())
-        except OSError:
-            nvswitch = False
-        b.add("driver.nvswitch_present", NODE, float(nvswitch))
-        if nvswitch:
-            b.add("driver.fabricmanager_running", NODE, float("nv-fabricmanage" in commands))
+        self._dev_nodes(b, loaded, source)
+        if not recorded:  # a recording holds no process list and no NVSwitch directory
+            commands = running_commands(proc)
+            b.add("driver.persistenced_running", NODE, float("nvidia-persiste" in commands))
+            try:
+                nvswitch = any((proc / "driver/nvidia-nvswitch/devices").iterdir())
+            except OSError:
+                nvswitch = False
+            b.add("driver.nvswitch_present", NODE, float(nvswitch))
+            if nvswitch:
+                running = float("nv-fabricmanage" in commands)
+                b.add("driver.fabricmanager_running", NODE, running)
         for bus, version in (slow.gsp or {}).items():
             index = (slow.index_by_bus or {}).get(bus)
             subject = gpu_subject(index if index is not None else bus)
             b.add("driver.gsp_firmware_version", subject, 1.0, labels_of(version=version))
         return b
 
-    def _refresh_slow(self, proc: Path) -> None:
+    def _refresh_slow(self, proc: Path, source: Source) -> None:
         now = time.monotonic()
         if now - self._slow.at < float(self.option("slow_interval")):
             return
         slow = _Slow(at=now)
-        index, _, version = gpu_identities(proc)
-        slow.index_by_bus = index
+        ids = source.gpu_identities(proc)
+        slow.index_by_bus = dict(ids.index_by_bus)
+        version = ids.user_version
         if version:
-            slow.user_version, slow.user_source = version, "nvml"
+            slow.user_version, slow.user_source = version, ids.user_version_source
         if self.option("use_tools"):
             if not version:
-                out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+                query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+                out = source.run(query)
                 if out and out.strip():
                     slow.user_version = out.strip().splitlines()[0].strip()
                     slow.user_source = "nvidia-smi"
-            dkms = _run(["dkms", "status"])
+            dkms = source.run(["dkms", "status"])
             slow.dkms = None if dkms is None else parse_dkms_status(dkms)
-            smi = _run(["nvidia-smi", "-q"])
+            smi = source.run(["nvidia-smi", "-q"])
             slow.gsp = None if smi is None else parse_gsp_versions(smi)
         self._slow = slow
 
-    def _dev_nodes(self, b: Batch, loaded: set[str]) -> None:
-        dev = Path(self.option("dev_dir"))
+    def _dev_nodes(self, b: Batch, loaded: set[str], source: Source) -> None:
+        dev = self.ctx.host_path(str(self.option("dev_dir")))
+        listed = source.device_nodes(dev)
+        if listed is None:
+            return  # not recorded
         expected = ["nvidiactl", "nvidia-uvm"]
         if "nvidia_modeset" in loaded:
             expected.append("nvidia-modeset")
-        try:
-            present = sorted(
-                p.name
-                for p in dev.iterdir()
-                if re.fullmatch(r"nvidia(\d+|ctl|-uvm(-tools)?|-modeset)", p.name)
-            )
-        except OSError:
-            present = []
+        present = sorted(name for name in listed if _DEV_NODE.fullmatch(name))
         user = str(self.option("serving_user"))
         ids = user_ids(user) if user else None
         if user and ids is None:
             log.debug("serving_user %s does not exist", user)
         for name in sorted(set(expected) | set(present)):
-            try:
-                st = os.stat(dev / name)
-            except OSError:
+            st = listed[name] if name in listed else source.stat(dev / name)
+            if st is None:
                 b.add("driver.dev_node_present", NODE, 0.0, labels_of(node=name))
                 continue
             is_chr = stat.S_ISCHR(st.st_mode)

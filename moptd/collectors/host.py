@@ -1,7 +1,8 @@
 """Host collector: memory, swap, CPU, load, watched file systems, vm.swappiness.
 
-Reads /proc directly (through the configurable procfs root) with the same parsers that
-bundle replay uses for host/meminfo and friends.
+Reads /proc through the context's procfs root, and disk usage and the CPU count through
+its Source: the live host, or a bundle's host/ files in replay (moptd.bundle), so a bundle
+and a live host give the same samples from the same evidence.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option
+from moptd.collectors.sources import source_of
 from moptd.observations import NODE, Batch, labels_of
 from moptd.proc import procfs
 from moptd.proc.files import OpenFiles
@@ -44,10 +46,14 @@ class HostCollector(Collector):
         return list(seen.values())
 
     async def collect(self) -> Batch:
-        return await self.blocking(self._read)
+        return await self.blocking(self.read)
 
     async def stop(self) -> None:
         await super().stop()
+        self.close()
+
+    def close(self) -> None:
+        """Close the descriptors kept open (``read`` without the daemon's stop)."""
         self._files.close()
 
     def _optional(self, path: Path) -> str:
@@ -56,10 +62,18 @@ class HostCollector(Collector):
         except OSError:
             return ""
 
-    def _read(self) -> Batch:
+    def _required(self, path: Path) -> str:
+        """A file a live host always has; in a recording, absent evidence."""
+        if self.ctx.recorded:
+            return self._optional(path)
+        return self._files.read(path)
+
+    def read(self) -> Batch:
+        """One pass over the sources (blocking)."""
         proc = self.ctx.procfs
+        source = source_of(self.ctx)
         b = Batch()
-        mem = procfs.parse_meminfo(self._files.read(proc / "meminfo"), _MEMINFO_KEYS)
+        mem = procfs.parse_meminfo(self._required(proc / "meminfo"), _MEMINFO_KEYS)
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
         if total:
@@ -75,7 +89,7 @@ class HostCollector(Collector):
         for key, signal in (("pswpin", "node.swap_in"), ("pswpout", "node.swap_out")):
             if key in vmstat:
                 b.add(signal, NODE, float(vmstat[key] * PAGE_SIZE))
-        stat = self._files.read(proc / "stat")
+        stat = self._required(proc / "stat")
         cpu = procfs.parse_cpu_times(stat)
         if cpu is not None:
             if self._prev_cpu is not None and cpu[1] > self._prev_cpu[1]:
@@ -85,7 +99,9 @@ class HostCollector(Collector):
         btime = procfs.parse_btime(stat)
         if btime is not None:
             b.add("node.boot_time", NODE, float(btime))
-        b.add("node.cpu_count", NODE, float(os.cpu_count() or 0))
+        cpus = source.cpu_count()
+        if cpus is not None:
+            b.add("node.cpu_count", NODE, float(cpus))
         load = procfs.parse_loadavg(self._optional(proc / "loadavg"))
         if load is not None:
             for name, value in zip(("node.load1", "node.load5", "node.load15"), load, strict=True):
@@ -94,13 +110,10 @@ class HostCollector(Collector):
         if swappiness is not None:
             b.add("node.swappiness", NODE, float(swappiness))
         for path in self.watched_paths():
-            try:
-                st = os.statvfs(path)
-            except OSError:
+            usage = source.disk_usage(path)
+            if usage is None:
                 continue  # a watched path that does not exist yet is not an error
-            size = st.f_blocks * st.f_frsize
-            avail_b = st.f_bavail * st.f_frsize
-            used = (st.f_blocks - st.f_bfree) * st.f_frsize
+            size, used, avail_b = usage.size, usage.used, usage.available
             lab = labels_of(path=str(path))
             b.add("node.disk_total", NODE, float(size), lab)
             b.add("node.disk_available", NODE, float(avail_b), lab)

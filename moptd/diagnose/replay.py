@@ -1,17 +1,21 @@
-"""Replay a bundle: the live engine on a virtual clock over every time stamp in the bundle."""
+"""Replay a bundle: the live engine on a virtual clock over every time stamp in the bundle.
+
+Replay consumes a Timeline; the caller passes the reader that builds one (moptd.bundle's
+``read_bundle``), so diagnosis stays free of collectors and GPU bindings.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from moptd.clock import VirtualClock
-from moptd.diagnose.bundle import Timeline, read_bundle
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
 from moptd.diagnose.loader import RuleError, load_rules
 from moptd.diagnose.model import RuleSet
+from moptd.diagnose.timeline import Timeline
 from moptd.store import SignalStore
 
 
@@ -40,8 +44,13 @@ class ReplayReport:
         }
 
 
-def replay(bundle: Path, rule_paths: Sequence[str | Path]) -> ReplayReport:
-    """Raises BundleError for an unreadable bundle, RulesInvalid for a bad rule set."""
+def replay(
+    bundle: Path,
+    rule_paths: Sequence[str | Path],
+    read_bundle: Callable[[Path], Timeline],
+) -> ReplayReport:
+    """Raises RulesInvalid for a bad rule set (checked first), and whatever ``read_bundle``
+    raises for an unreadable bundle (moptd.bundle.BundleError)."""
     loaded = load_rules(rule_paths)
     if loaded.errors:
         raise RulesInvalid(loaded.errors)

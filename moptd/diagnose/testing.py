@@ -10,18 +10,18 @@ go through the real kernel-log parser, and the findings that must be firing at `
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
-from moptd.diagnose.bundle import BundleError, Timeline, read_bundle
 from moptd.diagnose.engine import Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
 from moptd.diagnose.loader import RuleError, line_of, load_rules, parse_yaml
 from moptd.diagnose.model import RuleSet
+from moptd.diagnose.timeline import Timeline, TimelineError
 from moptd.durations import parse_duration
 from moptd.observations import Batch, Event, labels_of
 from moptd.store import SignalStore
@@ -129,13 +129,21 @@ def test_files(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def run_tests(paths: Sequence[str | Path], require_coverage: bool = True) -> TestReport:
+BundleReader = Callable[[Path], Timeline]
+
+
+def run_tests(
+    paths: Sequence[str | Path],
+    require_coverage: bool = True,
+    read_bundle: BundleReader | None = None,
+) -> TestReport:
     """Run every test file under ``paths``; with ``require_coverage`` each stable rule found
-    under ``paths`` needs a firing and a silent test."""
+    under ``paths`` needs a firing and a silent test. A test with a ``bundle:`` key reads it
+    with ``read_bundle`` (moptd.bundle's; diagnosis imports no reader)."""
     report = TestReport()
     for f in test_files(paths):
         report.files += 1
-        _run_file(f, report)
+        _run_file(f, report, read_bundle)
     if require_coverage:
         loaded = load_rules([p for p in map(Path, paths) if p.is_dir() or p.suffix == ".yaml"])
         report.errors.extend(loaded.errors)
@@ -154,7 +162,7 @@ def run_tests(paths: Sequence[str | Path], require_coverage: bool = True) -> Tes
     return report
 
 
-def _run_file(path: Path, report: TestReport) -> None:
+def _run_file(path: Path, report: TestReport, read_bundle: BundleReader | None) -> None:
     file = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -194,7 +202,9 @@ def _run_file(path: Path, report: TestReport) -> None:
         line = line_of(doc, ["tests", i])
         name = str(test.get("name", f"#{i}")) if isinstance(test, dict) else f"#{i}"
         try:
-            failure = _run_test(path, test, loaded.ruleset, interval, under_test, report)
+            failure = _run_test(
+                path, test, loaded.ruleset, interval, under_test, report, read_bundle
+            )
         except _Bad as e:
             where = line_of(doc, ["tests", i, *e.path])
             report.failures.append(TestFailure(file, where, name, e.message))
@@ -224,6 +234,7 @@ def _run_test(
     default_interval: float,
     under_test: set[str],
     report: TestReport,
+    read_bundle: BundleReader | None,
 ) -> str | None:
     if not isinstance(test, dict):
         raise _Bad("a test is a mapping")
@@ -238,9 +249,11 @@ def _run_test(
     tl = Timeline(path)
     t0 = 0.0
     if "bundle" in test:
+        if read_bundle is None:
+            raise _Bad("bundle: no bundle reader was given to run_tests", "bundle")
         try:
             tl = read_bundle(path.parent / str(test["bundle"]))
-        except BundleError as e:
+        except TimelineError as e:
             raise _Bad(f"bundle: {e}", "bundle") from None
         steps = tl.steps()
         t0 = steps[0] if steps else 0.0

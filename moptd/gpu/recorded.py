@@ -19,8 +19,9 @@ returns it without the costly values, ``read_costly`` (its own cursor over the s
 entries) only them. ``replicate=N`` presents every recorded GPU N times
 (GPU i replays recorded GPU i % gpus) so an 8-GPU daemon can run from a 1-GPU recording.
 
-``read_samples`` turns a recording, or the plain nvml_samples.jsonl rows that a bundle's
-optional ``gpu/samples.jsonl`` holds, into timed batches.
+``read_samples`` turns a recording, or the plain rows that a bundle's optional
+``gpu/samples.jsonl`` holds (``sample_row`` writes them, for ``moptd record``), into timed
+batches through ``gpu_batch``: the one reader of that file.
 
 Command line::
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from moptd.gpu.batch import gpu_batch
+from moptd.gpu.batch import add_fast, add_slow, gpu_batch
 from moptd.gpu.readings import (
     FastReading,
     GpuLost,
@@ -72,6 +74,7 @@ class RecordingError(Exception):
         super().__init__(f"{path}:{line}: {message}")
         self.path = Path(path)
         self.line = line
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,24 +355,83 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
     return rec
 
 
+# --- gpu/samples.jsonl rows ----------------------------------------------------------
+# One JSON object per line, one GPU per object (tests/fixtures/h200/nvml_samples.jsonl):
+#   {"t": unix_s, "gpu": 0, "util": %, "mem_util": %, "mem_total": bytes,
+#    "mem_used": bytes, "mem_free": bytes, "mem_reserved": bytes, "power_mw": mW,
+#    "temp": C, "sm_clock": MHz, "mem_clock": MHz, "clock_event_reasons": mask,
+#    "pstate": n, "pcie_gen": n, "procs": [[pid, bytes], ...]}
+# Every key but t is optional; "gpu" defaults to 0. The one scale table, both directions:
+# row key -> (FastReading field, row units per base unit as a multiplier and a divisor).
+# Kept as two exact factors so that the conversion is one correctly rounded operation
+# each way, the live backend's own arithmetic (mW / 1000, % / 100, MHz * 1e6): a reading
+# written by sample_row comes back bit for bit.
+ROW_FIELDS: tuple[tuple[str, str, float, float], ...] = (
+    ("util", "util", 100.0, 1.0),
+    ("mem_util", "mem_util", 100.0, 1.0),
+    ("mem_total", "memory_total", 1.0, 1.0),
+    ("mem_used", "memory_used", 1.0, 1.0),
+    ("mem_free", "memory_free", 1.0, 1.0),
+    ("mem_reserved", "memory_reserved", 1.0, 1.0),
+    ("power_mw", "power", 1000.0, 1.0),
+    ("temp", "temperature", 1.0, 1.0),
+    ("sm_clock", "sm_clock", 1.0, 1e6),
+    ("mem_clock", "mem_clock", 1.0, 1e6),
+    ("pstate", "pstate", 1.0, 1.0),
+)
+_INT_KEYS = frozenset({"pstate"})
+
+
+def sample_row(t: float, gpu: int, r: FastReading) -> dict[str, Any]:
+    """A fast reading as one gpu/samples.jsonl row (what ``read_samples`` reads back)."""
+    row: dict[str, Any] = {"t": round(t, 3), "gpu": gpu}
+    for key, attr, up, down in ROW_FIELDS:
+        value = getattr(r, attr)
+        if value is not None:
+            v = value * up / down
+            row[key] = int(v) if key in _INT_KEYS else v
+    if r.clock_event_reasons is not None:
+        row["clock_event_reasons"] = int(r.clock_event_reasons)
+    return row
+
+
+def _number(s: dict[str, Any], key: str) -> float | None:
+    v = s.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{key}: a number expected")
+    return float(v)
+
+
 def _sample_fast(s: dict[str, Any]) -> FastReading:
-    """One row of nvml_samples.jsonl (fixtures/h200: percent, mW, MHz) in base units."""
-    return FastReading(
-        util=_scale(s.get("util"), 0.01),
-        memory_used=_scale(s.get("mem_used"), 1),
-        temperature=_scale(s.get("temp"), 1),
-        power=_scale(s.get("power_mw"), 1e-3),
-        sm_clock=_scale(s.get("sm_clock"), 1e6),
-        mem_clock=_scale(s.get("mem_clock"), 1e6),
-        pstate=_scale(s.get("pstate"), 1),
-        clock_event_reasons=None
-        if s.get("clock_event_reasons") is None
-        else int(s["clock_event_reasons"]),
-    )
+    """One row in base units; ValueError names the key of a bad value."""
+    values: dict[str, float | None] = {}
+    for key, attr, up, down in ROW_FIELDS:
+        v = _number(s, key)
+        values[attr] = None if v is None else v * down / up
+    raw = s.get("clock_event_reasons")
+    mask = _number(s, "clock_event_reasons")
+    if mask is not None and (mask < 0 or not mask.is_integer()):
+        raise ValueError("clock_event_reasons: a bit mask expected")
+    # an int as it is: a 64-bit mask does not survive a float
+    reasons = raw if isinstance(raw, int) else None if mask is None else int(mask)
+    return FastReading(**values, clock_event_reasons=reasons)
 
 
 def _sample_procs(s: dict[str, Any]) -> tuple[ProcessReading, ...]:
-    return tuple(ProcessReading(int(p[0]), float(p[1])) for p in s.get("procs") or [])
+    procs = s.get("procs") or []
+    out = []
+    for p in procs if isinstance(procs, list) else [None]:
+        if (
+            not isinstance(p, list)
+            or len(p) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int | float) for x in p)
+            or not math.isfinite(p[1])
+        ):
+            raise ValueError("procs: [[pid, bytes], ...] expected")
+        out.append(ProcessReading(int(p[0]), float(p[1])))
+    return tuple(out)
 
 
 def _scale(v: Any, factor: float) -> float | None:
@@ -384,11 +446,10 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
     static and slow readings of that GPU. A "lost" fault gives a batch with gpu.lost = 1.
 
     Two layouts are read: this module's recording format (first line the
-    ``moptd-nvml-recording/1`` header), and the plain rows of nvml_samples.jsonl that a
-    bundle's ``gpu/samples.jsonl`` holds (see moptd/diagnose/bundle.py): ``{"t": s,
-    "gpu": 0, "util": %, "mem_used": bytes, "power_mw": mW, "temp": C, "sm_clock": MHz,
-    "mem_clock": MHz, "clock_event_reasons": mask, "pstate": n, "pcie_gen": n, "procs":
-    [[pid, bytes], ...]}``. Raises RecordingError naming the line of bad input."""
+    ``moptd-nvml-recording/1`` header), and the plain rows of a bundle's
+    ``gpu/samples.jsonl`` (see ROW_FIELDS). Rows carry no static reading (a bundle's
+    nvidia-smi dumps do), so their batches have none. Raises RecordingError naming the
+    line of bad input."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -408,41 +469,54 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
         elif isinstance(e.reading, SlowReading):
             slow[e.gpu] = e.reading
         elif isinstance(e.reading, FastReading):
-            st = static.get(e.gpu) or StaticReading(index=e.gpu)
-            out.append((e.t, gpu_batch(st, e.reading, slow.get(e.gpu))))
+            st = static.get(e.gpu)
+            if st is not None:
+                out.append((e.t, gpu_batch(st, e.reading, slow.get(e.gpu))))
+            else:
+                out.append((e.t, _unidentified_batch(e.gpu, e.reading, slow.get(e.gpu))))
     out.sort(key=lambda tb: tb[0])
     return out
 
 
+def _unidentified_batch(index: int, fast: FastReading, slow: SlowReading | None) -> Batch:
+    """gpu_batch without the static part: no identity to describe (empty attributes would
+    overwrite what a bundle's dumps say of the GPU)."""
+    batch = Batch()
+    batch.add("gpu.lost", gpu_subject(index), 0.0)
+    add_fast(batch, index, fast)
+    if slow is not None:
+        add_slow(batch, index, slow)
+    return batch
+
+
 def _rows(lines: Sequence[str], path: Path) -> Recording:
-    """nvml_samples.jsonl rows -> a Recording of fast (and PCIe/process slow) entries."""
+    """gpu/samples.jsonl rows -> a Recording of fast (and PCIe/process slow) entries."""
     rec = Recording(source=str(path))
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             s = json.loads(line)
-            if not isinstance(s, dict):
-                raise ValueError("expected a JSON object")
-            t = float(s["t"])
-            gpu = int(s.get("gpu", 0))
-            fast = _sample_fast(s)
-            procs = _sample_procs(s)
         except json.JSONDecodeError as exc:
             raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
-            raise RecordingError(path, lineno, _why(exc)) from None
-        if gpu < 0:
-            raise RecordingError(path, lineno, f"key 'gpu': negative index {gpu}")
+        if not isinstance(s, dict):
+            raise RecordingError(path, lineno, "each line is a JSON object")
+        t = s.get("t")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            raise RecordingError(path, lineno, "t: Unix seconds expected")
+        gpu = s.get("gpu", 0)
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+            raise RecordingError(path, lineno, "gpu: a GPU index expected")
+        try:
+            fast = _sample_fast(s)
+            procs = _sample_procs(s)
+            pcie = _number(s, "pcie_gen")
+        except ValueError as exc:
+            raise RecordingError(path, lineno, str(exc)) from None
         rec.entries.append(
-            Entry(
-                t,
-                gpu,
-                "slow",
-                SlowReading(pcie_link_gen=_scale(s.get("pcie_gen"), 1), processes=procs),
-            )
+            Entry(float(t), gpu, "slow", SlowReading(pcie_link_gen=pcie, processes=procs))
         )
-        rec.entries.append(Entry(t, gpu, "fast", fast))
+        rec.entries.append(Entry(float(t), gpu, "fast", fast))
     return rec
 
 

@@ -28,6 +28,8 @@ from typing import Any, BinaryIO
 
 import yaml
 
+from moptd.gpu.recorded import sample_row
+
 log = logging.getLogger(__name__)
 
 FORMAT = "moptd-bundle/v1"
@@ -256,22 +258,7 @@ class Recorder:
         t = time.time()
         rows = []
         for i in range(b.device_count()):
-            r = b.read_fast(i)
-            row: dict[str, Any] = {"t": round(t, 3), "gpu": i}
-            for key, value, scale in (
-                ("util", r.util, 100.0),
-                ("mem_used", r.memory_used, 1.0),
-                ("power_mw", r.power, 1000.0),
-                ("temp", r.temperature, 1.0),
-                ("sm_clock", r.sm_clock, 1e-6),
-                ("mem_clock", r.mem_clock, 1e-6),
-                ("clock_event_reasons", r.clock_event_reasons, 1),
-                ("pstate", r.pstate, 1),
-            ):
-                if value is not None:
-                    v = value * scale
-                    row[key] = int(v) if key in ("clock_event_reasons", "pstate") else v
-            rows.append(json.dumps(row))
+            rows.append(json.dumps(sample_row(t, i, b.read_fast(i))))
         path = root / "gpu" / "samples.jsonl"
         _mkdirs(root, path.parent)
         with _open_private(path, append=True) as fh:

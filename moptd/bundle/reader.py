@@ -1,0 +1,162 @@
+"""Read a ``moptd-bundle/v1`` (docs/bundle.md) into a Timeline for replay.
+
+Every file is optional: a missing one is listed in ``missing`` and makes its evidence
+unknown. A file that is present but malformed is a BundleError naming the file and line.
+Nothing here names a signal: the evidence becomes samples through the code that makes them
+live, once:
+
+- gpu/nvidia-smi/*: ``moptd.gpu.nvsmi.dump_to_batch`` (the live ``gpu_batch``);
+- gpu/samples.jsonl: ``moptd.gpu.recorded.read_samples``, the one reader of the rows
+  ``moptd record`` writes;
+- host/, kernel/ (but dmesg), container/: the host, driver and container collectors
+  themselves, over the bundle's files (moptd.bundle.sources);
+- kernel/dmesg.txt: ``parse_kernel_log`` and ``records_to_events``, as the kernel-log
+  collector;
+- serving/<name>/: ``moptd.serving.bundle.read_serving_dir``, the serving collector's
+  parsers.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from pathlib import Path
+
+from moptd.bundle.archive import open_bundle
+from moptd.bundle.errors import BundleError
+from moptd.bundle.meta import captured_at, read_meta, read_text
+from moptd.bundle.sources import collect_stack
+from moptd.collector import GpuIdentities
+from moptd.diagnose.timeline import Timeline
+from moptd.proc.pci import normalize_pci
+
+
+def read_bundle(path: Path) -> Timeline:
+    root, tmp = open_bundle(path)
+    try:
+        return _read(root, path)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _read(root: Path, shown: Path) -> Timeline:
+    tl = Timeline(shown)
+    tl.meta = read_meta(root / "bundle.yaml")
+    start = captured_at(tl.meta, root / "bundle.yaml")
+    identities = _read_nvsmi(root, tl, start)
+    _read_samples(root / "gpu" / "samples.jsonl", tl)
+    _read_serving(root, tl)
+    first = min((t for t, _, _ in tl.observations), default=start)
+    stack = collect_stack(root, tl.missing, identities)
+    _read_kernel(root, tl, identities, first, start)
+    at = first if first is not None else 0.0
+    tl.observations.extend((at, name, batch) for name, batch in stack)
+    if first is None:
+        first = min((e.t for e in tl.events), default=0.0)
+        tl.observations = [(first if math.isnan(t) else t, s, b) for t, s, b in tl.observations]
+    tl.observations.sort(key=lambda o: o[0])
+    tl.events.sort(key=lambda e: e.t)
+    return tl
+
+
+def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
+    """Reads the dumps; returns the GPUs they name and the user-space driver version."""
+    from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
+
+    folder = root / "gpu" / "nvidia-smi"
+    files = (
+        sorted(p for p in folder.glob("*") if p.suffix in (".xml", ".txt"))
+        if folder.is_dir()
+        else []
+    )
+    index_by_bus: dict[str, int] = {}
+    uuid_by_bus: dict[str, str] = {}
+    version = ""
+    if not files:
+        tl.missing.append("gpu/nvidia-smi")
+    for i, f in enumerate(files):
+        try:
+            dump = read_dump(f)
+        except NvsmiError as e:
+            raise BundleError(str(e.path), e.line, e.message) from None
+        if not dump.gpus:
+            raise BundleError(str(f), 1, "no GPU found in this nvidia-smi dump")
+        t = dump.timestamp if dump.timestamp is not None else start
+        if t is None:
+            t = float("nan") if i == 0 else tl.observations[-1][0] + 1
+        for g in dump.gpus:
+            bus = normalize_pci(g.static.pci_bus_id or "")
+            if bus:
+                index_by_bus[bus] = g.static.index
+                uuid_by_bus[bus] = g.static.uuid
+        tl.observations.append((t, "nvml", dump_to_batch(dump)))
+        version = dump.driver_version or version
+    return GpuIdentities(index_by_bus, uuid_by_bus, version, "nvidia-smi")
+
+
+def _read_samples(path: Path, tl: Timeline) -> None:
+    if not path.exists():
+        return  # optional even among optional files: not listed as missing evidence
+    from moptd.gpu.recorded import RecordingError, read_samples
+
+    try:
+        timeline = read_samples(path)
+    except RecordingError as e:
+        raise BundleError(str(e.path), e.line, e.message) from None
+    tl.observations.extend((t, "samples", b) for t, b in timeline)
+
+
+def _read_serving(root: Path, tl: Timeline) -> None:
+    """serving/<name>/: metrics scrapes, the log, command line, model files, probes."""
+    base = root / "serving"
+    dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if not dirs:
+        tl.missing.append("serving/")
+        tl.missing_namespaces.add("serving")
+        return
+    from moptd.serving.bundle import ServingBundleError, read_serving_dir
+
+    for d in dirs:
+        try:
+            replay = read_serving_dir(d)
+        except ServingBundleError as e:
+            raise BundleError(e.file, e.line, e.message) from None
+        tl.observations.extend((t, f"serving:{d.name}", b) for t, b in replay.observations)
+        tl.events.extend(replay.events)
+        tl.missing.extend(f"serving/{d.name}/{m}" for m in replay.missing)
+
+
+def _read_kernel(
+    root: Path,
+    tl: Timeline,
+    identities: GpuIdentities,
+    first: float | None,
+    start: float | None,
+) -> None:
+    path = root / "kernel" / "dmesg.txt"
+    if not path.exists():
+        tl.missing.append("kernel/dmesg.txt")
+        tl.missing_namespaces.add("kernel")
+        return
+    from moptd.kernel.attribution import records_to_events
+    from moptd.kernel.logparse import parse_kernel_log
+
+    boot = tl.meta.get("boot_time")
+    year = None
+    if start is not None:
+        year = datetime.fromtimestamp(start).year  # noqa: DTZ006 - only the year is used
+    boot_time = boot if isinstance(boot, int | float) else None
+    records = parse_kernel_log(read_text(path), boot_time, year)
+    default = first
+    if default is None:
+        default = min((r.t for r in records if r.t is not None), default=start or 0.0)
+    # Bus ids as the kernel prints them (0000:3b:00) as well as normalised.
+    index_by_bus: dict[str, int] = {}
+    for norm, idx in identities.index_by_bus.items():
+        index_by_bus[norm] = idx
+        index_by_bus[norm[:-2]] = idx
+    events = records_to_events(
+        records, index_by_bus, uuid_by_bus=dict(identities.uuid_by_bus), default_time=default
+    )
+    tl.events.extend(events)
