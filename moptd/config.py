@@ -17,6 +17,7 @@ import yaml
 
 from moptd import yamlsafe
 from moptd.collector import Collector, OptionError
+from moptd.diagnose.loader import default_rules_dir
 from moptd.durations import parse_duration
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
@@ -366,8 +367,6 @@ LOCAL_RULES = Path("/etc/moptd/rules.d")
 
 def default_rule_paths() -> list[Path]:
     """The shipped rules, then local tuning in /etc/moptd/rules.d when it exists."""
-    from moptd.diagnose.loader import default_rules_dir
-
     paths = [default_rules_dir()]
     if LOCAL_RULES.is_dir():
         paths.append(LOCAL_RULES)

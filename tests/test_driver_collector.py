@@ -15,7 +15,6 @@ from moptd.collector import CollectorContext
 from moptd.collectors.driver import (
     DkmsEntry,
     DriverCollector,
-    _proc_gpus,
     dkms_kernel_match,
     parse_dkms_status,
     parse_gsp_versions,
@@ -24,6 +23,7 @@ from moptd.collectors.driver import (
     parse_secure_boot,
     user_can_open,
 )
+from moptd.gpu.identities import _proc_gpus
 from moptd.observations import Batch
 
 H200 = Path(__file__).parent / "fixtures/h200"

@@ -38,12 +38,12 @@ from moptd.collectors.container import ContainerCollector
 from moptd.collectors.driver import DriverCollector
 from moptd.collectors.host import HostCollector
 from moptd.collectors.nvml import NvmlCollector
-from moptd.collectors.sources import LiveSource
 from moptd.daemon.exporter import TextRenderer
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.gpu.batch import gpu_batch
 from moptd.gpu.readings import StaticReading
 from moptd.gpu.recorded import RecordedBackend, sample_row
+from moptd.host_source import LiveSource
 from moptd.observations import Batch, Sample
 from moptd.proc.pci import pci_key
 from moptd.store import SignalStore

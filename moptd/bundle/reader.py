@@ -28,7 +28,12 @@ from moptd.bundle.meta import captured_at, read_meta, read_text
 from moptd.bundle.sources import collect_stack
 from moptd.collector import GpuIdentities
 from moptd.diagnose.timeline import Timeline
+from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
+from moptd.gpu.recorded import RecordingError, read_samples
+from moptd.kernel.attribution import records_to_events
+from moptd.kernel.logparse import parse_kernel_log
 from moptd.proc.pci import normalize_pci
+from moptd.serving.bundle import ServingBundleError, read_serving_dir
 
 
 def read_bundle(path: Path) -> Timeline:
@@ -62,8 +67,6 @@ def _read(root: Path, shown: Path) -> Timeline:
 
 def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
     """Reads the dumps; returns the GPUs they name and the user-space driver version."""
-    from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
-
     folder = root / "gpu" / "nvidia-smi"
     files = (
         sorted(p for p in folder.glob("*") if p.suffix in (".xml", ".txt"))
@@ -98,8 +101,6 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
 def _read_samples(path: Path, tl: Timeline) -> None:
     if not path.exists():
         return  # optional even among optional files: not listed as missing evidence
-    from moptd.gpu.recorded import RecordingError, read_samples
-
     try:
         timeline = read_samples(path)
     except RecordingError as e:
@@ -115,8 +116,6 @@ def _read_serving(root: Path, tl: Timeline) -> None:
         tl.missing.append("serving/")
         tl.missing_namespaces.add("serving")
         return
-    from moptd.serving.bundle import ServingBundleError, read_serving_dir
-
     for d in dirs:
         try:
             replay = read_serving_dir(d)
@@ -139,9 +138,6 @@ def _read_kernel(
         tl.missing.append("kernel/dmesg.txt")
         tl.missing_namespaces.add("kernel")
         return
-    from moptd.kernel.attribution import records_to_events
-    from moptd.kernel.logparse import parse_kernel_log
-
     boot = tl.meta.get("boot_time")
     year = None
     if start is not None:

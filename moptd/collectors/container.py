@@ -27,7 +27,7 @@ import yaml
 from moptd import yamlsafe
 from moptd.collector import Collector, CollectorContext, Option, Source
 from moptd.collectors.driver import parse_module_version
-from moptd.collectors.sources import source_of
+from moptd.host_source import source_of
 from moptd.observations import NODE, Batch, labels_of
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option
-from moptd.collectors.sources import source_of
+from moptd.host_source import source_of
 from moptd.observations import NODE, Batch, labels_of
 from moptd.proc import procfs
 from moptd.proc.files import OpenFiles

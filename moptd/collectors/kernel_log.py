@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
-from moptd.collectors.driver import gpu_identities
+from moptd.gpu.identities import gpu_identities
 from moptd.kernel.attribution import Attributor
 from moptd.kernel.incidents import IncidentTracker
+from moptd.kernel.journal import JournalFollower
 from moptd.kernel.kmsg import KmsgFollower
 from moptd.kernel.logparse import KernelRecord
 from moptd.kernel.xid import catalog as xid_catalog
@@ -75,8 +76,6 @@ class KernelLogCollector(Collector):
             path = Path(str(self.option("kmsg_path")))
             follower = KmsgFollower(path, state, self._on_records, boot_time=boot_time)
         elif source == "journal":
-            from moptd.kernel.journal import JournalFollower
-
             follower = JournalFollower(state, self._on_records)
         else:
             self._unavailable = f"collectors.kernel.source: unknown source {source!r}"

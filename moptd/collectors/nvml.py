@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
+from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.batch import add_ages, add_fast, add_slow, add_static
 from moptd.gpu.readings import (
     BackendUnavailable,
@@ -41,6 +42,7 @@ from moptd.gpu.readings import (
     StaticReading,
     merge_costly,
 )
+from moptd.gpu.recorded import RecordedBackend
 from moptd.observations import Batch, Event, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
 from moptd.worker import Worker
@@ -156,16 +158,12 @@ class NvmlCollector(Collector):
     def make_backend(self) -> GpuBackend:
         kind = self.option("backend")
         if kind == "recorded":
-            from moptd.gpu.recorded import RecordedBackend
-
             path = self.option("recording")
             if not path:
                 raise ValueError("collectors.nvml.recording must name a file for backend recorded")
             return RecordedBackend.from_file(Path(path), int(self.option("replicate")))
         if kind != "live":
             raise ValueError(f"collectors.nvml.backend: {kind!r} is not live or recorded")
-        from moptd.gpu.backend import NvmlBackend
-
         return NvmlBackend()
 
     def _driver_present(self) -> bool:

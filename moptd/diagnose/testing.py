@@ -23,6 +23,8 @@ from moptd.diagnose.loader import RuleError, line_of, load_rules, parse_yaml
 from moptd.diagnose.model import RuleSet
 from moptd.diagnose.timeline import Timeline, TimelineError
 from moptd.durations import parse_duration
+from moptd.kernel.attribution import records_to_events
+from moptd.kernel.logparse import parse_kernel_log
 from moptd.observations import Batch, Event, labels_of
 from moptd.store import SignalStore
 
@@ -355,9 +357,6 @@ def _events(ev: object, t0: float, j: int) -> list[Event]:
     except ValueError as e:
         raise _Bad(f"at: {e}", "events", j) from None
     if "kmsg" in ev:
-        from moptd.kernel.attribution import records_to_events
-        from moptd.kernel.logparse import parse_kernel_log
-
         records = parse_kernel_log(str(ev["kmsg"]))
         index = {str(k): int(v) for k, v in (ev.get("gpus") or {}).items()}
         out = records_to_events(records, index, default_time=at)

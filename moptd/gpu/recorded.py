@@ -44,7 +44,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.batch import add_fast, add_slow, gpu_batch
+from moptd.gpu.nvsmi import read_dump
 from moptd.gpu.readings import (
     FastReading,
     GpuLost,
@@ -305,8 +307,6 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
     clock-event reasons, pstate; slow tier: PCIe generation and processes). Each sample
     takes the static and slow values of the latest dump taken before it. Values the
     captures do not hold stay None."""
-    from moptd.gpu.nvsmi import read_dump
-
     loaded = sorted((read_dump(p) for p in dumps), key=lambda d: d.timestamp or 0.0)
     if not loaded or not loaded[0].gpus:
         raise ValueError("need at least one nvidia-smi dump with a GPU")
@@ -525,8 +525,6 @@ def _rows(lines: Sequence[str], path: Path) -> Recording:
 
 def record_live(out: TextIO, seconds: float, interval: float, slow_interval: float) -> int:
     """Record the live NVML backend's readings; returns the number of entries written."""
-    from moptd.gpu.backend import NvmlBackend
-
     backend = NvmlBackend()
     backend.init()
     rec = Recording(

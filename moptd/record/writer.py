@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
+from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.recorded import sample_row
 
 log = logging.getLogger(__name__)
@@ -234,8 +235,6 @@ class Recorder:
         if shutil.which("nvidia-smi") and _run(["nvidia-smi", "-L"]):
             return "nvidia-smi"
         try:
-            from moptd.gpu.backend import NvmlBackend
-
             backend = NvmlBackend()
             backend.init()
             self._nvml = backend

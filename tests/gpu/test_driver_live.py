@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from moptd.collector import CollectorContext
-from moptd.collectors.driver import DriverCollector, gpu_identities, parse_module_version
+from moptd.collectors.driver import DriverCollector, parse_module_version
+from moptd.gpu.identities import gpu_identities
 from moptd.observations import Batch
 from moptd.proc.pci import pci_key
 

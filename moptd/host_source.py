@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from moptd.collector import CollectorContext, DiskUsage, GpuIdentities, Source
+from moptd.gpu.identities import gpu_identities
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,6 @@ class LiveSource:
         return _stat(path)
 
     def gpu_identities(self, procfs: Path) -> GpuIdentities:
-        from moptd.collectors.driver import gpu_identities
-
         index, uuid, version = gpu_identities(procfs)
         return GpuIdentities(index, uuid, version)
 
