@@ -147,13 +147,15 @@ def gpu_batch(
     fast: FastReading | None,
     slow: SlowReading | None,
     ages: Mapping[str, float] | None = None,
+    reuse: dict[str, Sample] | None = None,
 ) -> Batch:
-    """All samples of one GPU, as the NVML collector makes them (gpu.lost = 0)."""
+    """All samples of one GPU, as the NVML collector makes them (gpu.lost = 0); ``reuse``
+    as for add_fast."""
     batch = Batch()
     add_static(batch, static)
     batch.add("gpu.lost", gpu_subject(static.index), 0.0)
     if fast is not None:
-        add_fast(batch, static.index, fast)
+        add_fast(batch, static.index, fast, reuse)
     if slow is not None:
         add_slow(batch, static.index, slow)
     if ages:

@@ -59,7 +59,7 @@ from moptd.gpu.readings import (
     reading_to_dict,
     split_costly,
 )
-from moptd.observations import Batch, gpu_subject
+from moptd.observations import Batch, Sample, gpu_subject
 
 FORMAT = "moptd-nvml-recording/1"
 TIERS = ("static", "fast", "slow")
@@ -458,6 +458,9 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
     rec = parse_recording(lines, path) if '"format"' in first else _rows(lines, path)
     static: dict[int, StaticReading] = {}
     slow: dict[int, SlowReading] = {}
+    # One sample cache per GPU, as the live collector keeps: a fast value that holds still
+    # from row to row is the same Sample object, which costs less to build and to store.
+    reuse: dict[int, dict[str, Sample]] = {}
     out: list[tuple[float, Batch]] = []
     for e in rec.entries:
         if e.fault == "lost":
@@ -470,20 +473,23 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
             slow[e.gpu] = e.reading
         elif isinstance(e.reading, FastReading):
             st = static.get(e.gpu)
+            cache = reuse.setdefault(e.gpu, {})
             if st is not None:
-                out.append((e.t, gpu_batch(st, e.reading, slow.get(e.gpu))))
+                out.append((e.t, gpu_batch(st, e.reading, slow.get(e.gpu), reuse=cache)))
             else:
-                out.append((e.t, _unidentified_batch(e.gpu, e.reading, slow.get(e.gpu))))
+                out.append((e.t, _unidentified_batch(e.gpu, e.reading, slow.get(e.gpu), cache)))
     out.sort(key=lambda tb: tb[0])
     return out
 
 
-def _unidentified_batch(index: int, fast: FastReading, slow: SlowReading | None) -> Batch:
+def _unidentified_batch(
+    index: int, fast: FastReading, slow: SlowReading | None, reuse: dict[str, Sample]
+) -> Batch:
     """gpu_batch without the static part: no identity to describe (empty attributes would
     overwrite what a bundle's dumps say of the GPU)."""
     batch = Batch()
     batch.add("gpu.lost", gpu_subject(index), 0.0)
-    add_fast(batch, index, fast)
+    add_fast(batch, index, fast, reuse)
     if slow is not None:
         add_slow(batch, index, slow)
     return batch
