@@ -39,7 +39,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -112,15 +112,7 @@ def load_recording(path: Path) -> Recording:
 
 def parse_recording(lines: Sequence[str], path: Path | str = "<recording>") -> Recording:
     rec = Recording()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
-        if not isinstance(obj, dict):
-            raise RecordingError(path, lineno, "expected a JSON object")
+    for lineno, obj in _objects(lines, path, "expected a JSON object"):
         try:
             _take(rec, obj)
         except (KeyError, ValueError, TypeError, OverflowError) as exc:  # inf as an index
@@ -130,6 +122,22 @@ def parse_recording(lines: Sequence[str], path: Path | str = "<recording>") -> R
     if rec.gpus <= 0:
         raise RecordingError(path, 1, "no GPU readings in the recording")
     return rec
+
+
+def _objects(
+    lines: Sequence[str], path: Path | str, not_object: str
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank JSON line; RecordingError names the line."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise RecordingError(path, lineno, not_object)
+        yield lineno, obj
 
 
 def _why(exc: Exception) -> str:
@@ -498,15 +506,7 @@ def _unidentified_batch(
 def _rows(lines: Sequence[str], path: Path) -> Recording:
     """gpu/samples.jsonl rows -> a Recording of fast (and PCIe/process slow) entries."""
     rec = Recording(source=str(path))
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            s = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordingError(path, lineno, f"not JSON: {exc.msg}") from None
-        if not isinstance(s, dict):
-            raise RecordingError(path, lineno, "each line is a JSON object")
+    for lineno, s in _objects(lines, path, "each line is a JSON object"):
         t = s.get("t")
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
             raise RecordingError(path, lineno, "t: Unix seconds expected")
