@@ -2,7 +2,7 @@
 
 Cadence, stated in each HELP so scrapers know what they read: "fast" values are read
 every tick (NVML calls of about 2 µs), "slow" ones every ``slow_interval`` (5 s; field
-values, BAR1, PCIe: 5-150 µs each), "costly" ones every ``costly_interval`` (30 s; total
+values, BAR1, PCIe: 5-150 µs each), "costly" ones every ``costly_interval`` (10 s; total
 energy about 3 ms, two clock-event counters about 0.6 ms each), "static" ones at start and
 every ``static_interval`` (300 s; max clocks about 1.4 ms each). Costs measured on an H200,
 driver 580 (bench/nvml_cost.py). moptd_gpu_sample_age_seconds gives the age of each tier.

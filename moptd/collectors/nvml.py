@@ -13,7 +13,8 @@ gpu.nvml_error = 10 (NVML_ERROR_TIMEOUT) and is skipped until its call returns; 
 gets gpu.lost = 1.
 Reads are pipelined: a tick reports the read the previous tick started (so fast values are
 one interval old, as gpu.sample_age says) and starts the next one without waiting for it,
-which saves an event-loop wake-up per tick (BENCHMARKS.md).
+which saves an event-loop wake-up per tick (measured in 2026-11, kept in git history:
+bench/results/h200x2-2026-11-29-b/pipelined_vs_waiting.txt).
 NVML Xid events are read by a dedicated daemon thread and published as gpu.xid_event
 events.
 """
