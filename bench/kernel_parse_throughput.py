@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moptd.kernel.attribution import Attributor
-from moptd.kernel.logparse import parse_kernel_log, parse_raw_record, records_to_events
+from moptd.kernel.attribution import Attributor, records_to_events
+from moptd.kernel.logparse import parse_kernel_log, parse_raw_record
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/h200/kmsg_raw.txt"
 XIDS = [
