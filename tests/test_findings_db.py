@@ -199,6 +199,53 @@ def test_a_full_database_keeps_running_in_memory_and_reports_failing(tmp_path):
     conn.close()
 
 
+def fail_next_write(db):
+    """Make the connection in use refuse to grow (SQLITE_FULL) and write until it does."""
+    pages = db.call(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+    db.call(lambda c: c.execute(f"PRAGMA max_page_count={pages}"))
+    db.record_events([Event("kernel.fill", "node", 9500.0 + i, {}, "x" * 20000) for i in range(5)])
+    db.flush()
+    assert db.health.state == "failing"
+
+
+def test_rows_pruned_in_memory_are_pruned_in_the_file_when_it_comes_back(tmp_path):
+    path = tmp_path / "findings.db"
+    with FindingsDB(path, Retention(max_age=3600), retry=(1.0, 1.0)) as db:
+        lifecycle(db, t0=1000.0)  # resolved long ago
+        lifecycle(db, t0=9000.0, rule="host-swap", subject="node", resolve=False)
+        db.record_events(
+            [Event("kernel.xid", "gpu:0", 1000.0), Event("kernel.xid", "gpu:0", 9000.0)]
+        )
+        db.flush()
+        fail_next_write(db)  # max_page_count holds for that connection only: the retry works
+        assert db.prune(now=10000.0).result() == {"findings": 1, "events": 1}
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT rule, state FROM findings").fetchall() == [("host-swap", "firing")]
+    assert conn.execute("SELECT count(*) FROM transitions").fetchone()[0] == 2
+    assert [r[0] for r in conn.execute("SELECT t FROM events ORDER BY t")] == [
+        9000.0,
+        *(9500.0 + i for i in range(5)),
+    ]
+    conn.close()
+
+
+def test_a_file_replaced_while_failing_is_rewritten_from_memory(tmp_path, caplog):
+    path = tmp_path / "findings.db"
+    with FindingsDB(path, retry=(1.0, 1.0)) as db:
+        lifecycle(db, resolve=False)
+        db.flush()
+        fail_next_write(db)
+        # someone clears the state directory while the database is in memory
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+    assert any("all of it was rewritten" in r.getMessage() for r in caplog.records)
+    with FindingsDB(path) as db:
+        assert [(f["rule"], f["state"]) for f in db.history()] == [("gpu-lost", "firing")]
+        assert len(db.events()) == 5
+
+
 def test_a_full_file_system_that_frees_up_loses_and_duplicates_nothing(tmp_path, caplog):
     """ok -> failing -> ok -> restart on a real full disk: a 1 MiB tmpfs filled with a file
     until SQLite's writes fail with SQLITE_FULL, then the file deleted."""
