@@ -230,6 +230,19 @@ def test_rows_pruned_in_memory_are_pruned_in_the_file_when_it_comes_back(tmp_pat
     conn.close()
 
 
+def test_failing_again_soon_after_coming_back_goes_on_with_the_backoff(tmp_path):
+    with FindingsDB(tmp_path / "findings.db", retry=(0.5, 5.0)) as db:
+        lifecycle(db, resolve=False)
+        db.flush()
+        fail_next_write(db)
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+        fail_next_write(db)  # on the reopened file, at once
+        t0 = time.monotonic()
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+        # twice the first wait, not the first wait again
+        assert time.monotonic() - t0 >= 0.8
+
+
 def test_a_file_replaced_while_failing_is_rewritten_from_memory(tmp_path, caplog):
     path = tmp_path / "findings.db"
     with FindingsDB(path, retry=(1.0, 1.0)) as db:

@@ -186,6 +186,7 @@ class FindingsDB:
         # since (see _fallback): when the file is tried again, and the next wait
         self._retry_at: float | None = None
         self._retry_wait = self.retry_first
+        self._recovered_at: float | None = None
         # rows per table, and their largest id, in the file when it was copied to memory
         self._base: dict[str, tuple[int, int]] = {}
         self.health = StoreHealth(path=str(path) if path else ":memory:")
@@ -360,8 +361,15 @@ class FindingsDB:
             self._conn = mem
             return
         self._conn = mem
-        self._retry_wait = self.retry_first
-        self._retry_at = time.monotonic() + self._retry_wait
+        now = time.monotonic()
+        if self._recovered_at is not None and now - self._recovered_at < self.retry_max:
+            # failing again soon after coming back (a disk hovering at full): the backoff
+            # goes on from where it was, so that it does not flap every RETRY_FIRST seconds,
+            # each time with a copy of the whole file to memory
+            self._retry_wait = min(self._retry_wait * 2, self.retry_max)
+        else:
+            self._retry_wait = self.retry_first
+        self._retry_at = now + self._retry_wait
 
     def _recover(self) -> bool:
         """Try the file again: bring it up to date with the memory database in one
@@ -394,6 +402,7 @@ class FindingsDB:
         mem.close()
         self._conn = disk
         self._retry_at = None
+        self._recovered_at = time.monotonic()
         self._base = {}
         self.health.state = "ok"
         self.health.reason = ""
