@@ -1,8 +1,10 @@
 """The findings database on a real SQLite file: persistence, WAL, modes, corruption,
-a full database, retention, and a SIGKILL between commits."""
+a full database, a full file system that frees up again, retention, and a SIGKILL between
+commits."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import stat
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,8 @@ from moptd.findings.db import (
     transition_record,
 )
 from moptd.observations import Event
+from tests.api_helpers import wait_for
+from tests.faults.test_state_db_faults import fill, small_tmpfs
 
 
 def tr(t, new, old="inactive", rule="gpu-lost", subject="gpu:0", code="GPU_LOST", **finding):
@@ -183,9 +188,150 @@ def test_a_full_database_keeps_running_in_memory_and_reports_failing(tmp_path):
         # what was on disk came along, and new writes still land
         assert {f["rule"] for f in db.history()} == {"gpu-lost", "host-swap"}
         assert len(db.events()) == 50
+        conn = sqlite3.connect(path)
+        assert conn.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
+        conn.close()
+    # max_page_count held only for the connection that failed: the last try at close opens
+    # the file afresh, and what was kept in memory is written back
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM findings").fetchone()[0] == 2
+    assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 50
     conn.close()
+
+
+def fail_next_write(db):
+    """Make the connection in use refuse to grow (SQLITE_FULL) and write until it does."""
+    pages = db.call(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+    db.call(lambda c: c.execute(f"PRAGMA max_page_count={pages}"))
+    db.record_events([Event("kernel.fill", "node", 9500.0 + i, {}, "x" * 20000) for i in range(5)])
+    db.flush()
+    assert db.health.state == "failing"
+
+
+def test_rows_pruned_in_memory_are_pruned_in_the_file_when_it_comes_back(tmp_path):
+    path = tmp_path / "findings.db"
+    with FindingsDB(path, Retention(max_age=3600), retry=(1.0, 1.0)) as db:
+        lifecycle(db, t0=1000.0)  # resolved long ago
+        lifecycle(db, t0=9000.0, rule="host-swap", subject="node", resolve=False)
+        db.record_events(
+            [Event("kernel.xid", "gpu:0", 1000.0), Event("kernel.xid", "gpu:0", 9000.0)]
+        )
+        db.flush()
+        fail_next_write(db)  # max_page_count holds for that connection only: the retry works
+        assert db.prune(now=10000.0).result() == {"findings": 1, "events": 1}
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT rule, state FROM findings").fetchall() == [("host-swap", "firing")]
+    assert conn.execute("SELECT count(*) FROM transitions").fetchone()[0] == 2
+    assert [r[0] for r in conn.execute("SELECT t FROM events ORDER BY t")] == [
+        9000.0,
+        *(9500.0 + i for i in range(5)),
+    ]
+    conn.close()
+
+
+def test_failing_again_soon_after_coming_back_goes_on_with_the_backoff(tmp_path):
+    with FindingsDB(tmp_path / "findings.db", retry=(0.5, 5.0)) as db:
+        lifecycle(db, resolve=False)
+        db.flush()
+        fail_next_write(db)
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+        fail_next_write(db)  # on the reopened file, at once
+        t0 = time.monotonic()
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+        # twice the first wait, not the first wait again
+        assert time.monotonic() - t0 >= 0.8
+
+
+def test_a_file_replaced_while_failing_is_rewritten_from_memory(tmp_path, caplog):
+    path = tmp_path / "findings.db"
+    with FindingsDB(path, retry=(1.0, 1.0)) as db:
+        lifecycle(db, resolve=False)
+        db.flush()
+        fail_next_write(db)
+        # someone clears the state directory while the database is in memory
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        wait_for(lambda: db.health.state == "ok", timeout=10)
+    assert any("all of it was rewritten" in r.getMessage() for r in caplog.records)
+    with FindingsDB(path) as db:
+        assert [(f["rule"], f["state"]) for f in db.history()] == [("gpu-lost", "firing")]
+        assert len(db.events()) == 5
+
+
+def test_a_full_file_system_that_frees_up_loses_and_duplicates_nothing(tmp_path, caplog):
+    """ok -> failing -> ok -> restart on a real full disk: a 1 MiB tmpfs filled with a file
+    until SQLite's writes fail with SQLITE_FULL, then the file deleted."""
+    caplog.set_level(logging.INFO, logger="moptd.findings.db")
+    with small_tmpfs(tmp_path / "state", "1m") as state:
+        path = state / "findings.db"
+        with FindingsDB(path, retry=(0.2, 0.5)) as db:
+            lifecycle(db, t0=1000.0, rule="before", subject="gpu:0", resolve=False)
+            db.record_events(
+                [Event("kernel.xid", "gpu:0", 1000.0 + i, {}, "before") for i in range(5)]
+            )
+            db.flush()
+            assert db.health.state == "ok"
+
+            filler = fill(state)
+            # the WAL may still have room of its own: write until SQLite refuses
+            filling = 0
+            while db.health.state == "ok":
+                assert filling < 500, "a full file system never refused a write"
+                db.record_events([Event("kernel.fill", "node", 2000.0 + filling, {}, "f" * 4000)])
+                db.flush()
+                filling += 1
+            assert "full" in db.health.reason, db.health.reason
+
+            # while failing: a finding recorded before the disk filled resolves (a row that is
+            # on disk changes), a new one fires, events arrive
+            db.record_transition(tr(3000.0, "resolved", "firing", rule="before", subject="gpu:0"))
+            lifecycle(db, t0=3100.0, rule="during", subject="gpu:1", resolve=False)
+            db.record_events(
+                [Event("kernel.xid", "gpu:1", 3100.0 + i, {}, "during") for i in range(5)]
+            )
+            db.flush()
+            time.sleep(1.0)  # several tries, each refused while the filler is there
+            assert db.health.state == "failing"
+
+            filler.unlink()
+            wait_for(lambda: db.health.state == "ok", timeout=10)
+            assert db.health.reason == ""
+            lifecycle(db, t0=4000.0, rule="after", subject="gpu:2", resolve=False)
+            db.flush()
+        carried = [
+            r.getMessage() for r in caplog.records if "written to disk again" in r.getMessage()
+        ]
+        assert len(carried) == 1, carried
+        assert "records kept in memory while it was failing carried back" in carried[0]
+        assert "rewritten" not in carried[0], "the file was the one copied to memory"
+
+        # the restart: a new FindingsDB on the same file
+        with FindingsDB(path) as db:
+            assert db.health.state == "ok"
+            history = {f["rule"]: f for f in db.history()}
+            assert len(db.history()) == 3
+            assert {r: f["state"] for r, f in history.items()} == {
+                "before": "resolved",
+                "during": "firing",
+                "after": "firing",
+            }
+            before = db.get(history["before"]["id"])
+            assert before is not None
+            assert [x["to"] for x in before["transitions"]] == ["pending", "firing", "resolved"]
+            during = db.get(history["during"]["id"])
+            assert during is not None
+            assert [x["to"] for x in during["transitions"]] == ["pending", "firing"]
+            events = db.events(limit=10000)
+            assert [e["t"] for e in events] == sorted(
+                [1000.0 + i for i in range(5)]
+                + [2000.0 + i for i in range(filling)]
+                + [3100.0 + i for i in range(5)]
+            )
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT count(*) FROM transitions").fetchone()[0] == 3 + 2 + 2
+        conn.close()
 
 
 def test_a_file_from_a_newer_moptd_is_left_alone(tmp_path):

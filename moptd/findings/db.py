@@ -8,7 +8,9 @@ Every statement runs on one dedicated thread: the event loop only queues work, a
 or full disk never stalls collection. Each transition is its own transaction, so a
 SIGKILL loses none that was committed. A corrupt file is moved aside and a new one
 started; when the disk refuses writes the database carries on in memory and reports itself
-failing, so the daemon keeps diagnosing.
+failing, so the daemon keeps diagnosing, and tries the file again on a backoff: once the
+file takes writes, what was recorded in memory is written back to it (see `_recover`) and
+the database runs on the file again.
 """
 
 from __future__ import annotations
@@ -80,6 +82,15 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+TABLES = ("findings", "transitions", "events")  # parents first
+
+# While in memory after a failed write, the file is tried again after RETRY_FIRST seconds,
+# then twice as long after each failure, up to RETRY_MAX. A full disk is usually freed by a
+# person or a log rotation within minutes: 10 s returns quickly after that, and 5 min keeps
+# a disk that stays full from costing an open, an integrity check and a failed transaction
+# more than a few times an hour.
+RETRY_FIRST = 10.0
+RETRY_MAX = 300.0
 
 
 class SchemaTooNew(Exception):
@@ -163,11 +174,21 @@ class FindingsDB:
         path: Path | None,
         retention: Retention | None = None,
         file_mode: int = 0o640,
+        retry: tuple[float, float] = (RETRY_FIRST, RETRY_MAX),
     ) -> None:
-        """`path` None: memory only (`moptd explain --offline`, tests)."""
+        """`path` None: memory only (`moptd explain --offline`, tests). `retry`: the first
+        and the longest wait before the file is tried again after a failed write."""
         self.path = path
         self.retention = retention or Retention()
         self.file_mode = file_mode
+        self.retry_first, self.retry_max = retry
+        # set while in memory with a faithful copy of the file and a log of what changed
+        # since (see _fallback): when the file is tried again, and the next wait
+        self._retry_at: float | None = None
+        self._retry_wait = self.retry_first
+        self._recovered_at: float | None = None
+        # rows per table, and their largest id, in the file when it was copied to memory
+        self._base: dict[str, tuple[int, int]] = {}
         self.health = StoreHealth(path=str(path) if path else ":memory:")
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
@@ -199,10 +220,19 @@ class FindingsDB:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
+            timeout = None
+            if self._retry_at is not None:
+                timeout = max(0.0, self._retry_at - time.monotonic())
+            try:
+                job = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                job = _no_job
             if job is None:
                 return
             job()
+            # also under a steady stream of writes, which never leaves the queue empty
+            if self._retry_at is not None and time.monotonic() >= self._retry_at:
+                self._recover()
 
     def _exec(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -310,7 +340,9 @@ class FindingsDB:
         self.health.reason = reason
 
     def _fallback(self, exc: sqlite3.Error) -> None:
-        """Carry what is on disk over to memory and go on there."""
+        """Carry what is on disk over to memory and go on there; when the copy is whole,
+        log every row changed from then on, so that the file can be brought up to date
+        when it takes writes again."""
         self._fail(f"write failed: {exc}")
         old = self._conn
         mem = _open(":memory:")
@@ -318,13 +350,91 @@ class FindingsDB:
             if old is not None:
                 old.backup(mem)
                 old.close()
+            self._base = _table_sizes(mem)
+            _log_changes(mem)
         except sqlite3.Error as copy_exc:
+            # without a faithful copy the memory's row ids are not the file's: nothing can
+            # be written back, and the file is left as it is (as when it cannot be opened)
             log.error("cannot copy the findings database to memory: %s", copy_exc)
             mem.close()
             mem = self._memory()
+            self._conn = mem
+            return
         self._conn = mem
+        now = time.monotonic()
+        if self._recovered_at is not None and now - self._recovered_at < self.retry_max:
+            # failing again soon after coming back (a disk hovering at full): the backoff
+            # goes on from where it was, so that it does not flap every RETRY_FIRST seconds,
+            # each time with a copy of the whole file to memory
+            self._retry_wait = min(self._retry_wait * 2, self.retry_max)
+        else:
+            self._retry_wait = self.retry_first
+        self._retry_at = now + self._retry_wait
+
+    def _recover(self) -> bool:
+        """Try the file again: bring it up to date with the memory database in one
+        transaction and go on with it; on failure try again later. True when recovered.
+
+        The changed rows are written through SQLite into the file as it is, rather than a
+        backup of the memory database into a new file renamed over it: the rename would pair
+        the new file with the old file's -wal and -shm (whose frames SQLite would replay
+        over it), leave a reader with the old file open on a stale copy, and need room for
+        a whole copy on a disk that was just full. One transaction in WAL mode is atomic and
+        survives a crash, and needs room only for what changed."""
+        assert self.path is not None
+        assert self._conn is not None
+        mem = self._conn
+        try:
+            disk = self._open_file(self.path)
+        except (sqlite3.Error, SchemaTooNew, OSError) as exc:
+            self._retry_later(f"cannot open it: {exc}")
+            return False
+        try:
+            whole = _table_sizes(disk) != self._base
+            with _transaction(disk):
+                counts = _copy_changes(mem, disk, whole)
+        except sqlite3.Error as exc:
+            if disk.in_transaction:
+                disk.execute("ROLLBACK")
+            disk.close()
+            self._retry_later(f"cannot write it: {exc}")
+            return False
+        mem.close()
+        self._conn = disk
+        self._retry_at = None
+        self._recovered_at = time.monotonic()
+        self._base = {}
+        self.health.state = "ok"
+        self.health.reason = ""
+        log.warning(
+            "findings database %s is written to disk again: %d records kept in memory while "
+            "it was failing carried back (%s)%s",
+            self.path,
+            sum(counts.values()),
+            ", ".join(f"{n} {t}" for t, n in counts.items()),
+            "; the file had changed, so all of it was rewritten" if whole else "",
+        )
+        return True
+
+    def _retry_later(self, why: str) -> None:
+        self._retry_wait = min(self._retry_wait * 2, self.retry_max)
+        self._retry_at = time.monotonic() + self._retry_wait
+        log.info(
+            "findings database %s still failing (%s); next try in %g s",
+            self.path,
+            why,
+            self._retry_wait,
+        )
 
     def _disconnect(self) -> None:
+        if self._retry_at is not None and not self._recover():
+            # the last try, so that a disk freed since the one before keeps what is in memory
+            log.error(
+                "findings database %s closed while failing: what was recorded in memory since "
+                "the disk refused writes is lost",
+                self.path,
+            )
+            self._retry_at = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -468,6 +578,60 @@ class _transaction:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is None:
             self.conn.execute("COMMIT")
+
+
+def _no_job() -> None:
+    pass
+
+
+def _table_sizes(conn: sqlite3.Connection) -> dict[str, tuple[int, int]]:
+    out = {}
+    for table in TABLES:
+        row = conn.execute(f"SELECT count(*), coalesce(max(id), 0) FROM {table}").fetchone()  # noqa: S608
+        out[table] = (int(row[0]), int(row[1]))
+    return out
+
+
+def _log_changes(mem: sqlite3.Connection) -> None:
+    """Note the id of every row inserted, updated or deleted in `mem` from now on (the
+    triggers and their table live in the connection's temp schema, not in the file)."""
+    mem.execute(
+        "CREATE TEMP TABLE changed (tbl TEXT NOT NULL, id INTEGER NOT NULL, "
+        "PRIMARY KEY (tbl, id)) WITHOUT ROWID"
+    )
+    for table in TABLES:
+        for op, row in (("INSERT", "new"), ("UPDATE", "new"), ("DELETE", "old")):
+            name = f"changed_{table}_{op.lower()}"
+            body = f"INSERT OR IGNORE INTO changed VALUES ('{table}', {row}.id)"  # noqa: S608
+            mem.execute(f"CREATE TEMP TRIGGER {name} AFTER {op} ON main.{table} BEGIN {body}; END")
+
+
+def _copy_changes(mem: sqlite3.Connection, disk: sqlite3.Connection, whole: bool) -> dict[str, int]:
+    """Make `disk` hold what `mem` holds, by id: the rows logged as changed (all rows when
+    `whole`: the file is no longer the one copied to memory). Rows written, per table."""
+    counts: dict[str, int] = {}
+    if whole:
+        for table in reversed(TABLES):
+            disk.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed names
+    else:
+        for table in reversed(TABLES):
+            removed = f"SELECT id FROM temp.changed WHERE tbl = ? EXCEPT SELECT id FROM {table}"  # noqa: S608
+            gone = [(r[0],) for r in mem.execute(removed, (table,))]
+            disk.executemany(f"DELETE FROM {table} WHERE id = ?", gone)  # noqa: S608
+    for table in TABLES:
+        cols = [r[1] for r in mem.execute(f"PRAGMA main.table_info({table})")]
+        select = f"SELECT {', '.join(cols)} FROM main.{table}"  # noqa: S608 - fixed names
+        if not whole:
+            select += " WHERE id IN (SELECT id FROM temp.changed WHERE tbl = ?)"
+        rows = mem.execute(select, () if whole else (table,)).fetchall()
+        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "id")
+        disk.executemany(
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "  # noqa: S608
+            f"ON CONFLICT(id) DO UPDATE SET {updates}",
+            [tuple(r) for r in rows],
+        )
+        counts[table] = len(rows)
+    return counts
 
 
 def _size(conn: sqlite3.Connection) -> int:

@@ -10,7 +10,9 @@ The daemon keeps serving and diagnosing (a second GPU_LOST appears in the API an
 says the store is failing (moptd_findings_store_ok 0, /v1/health "degraded"), the kernel
 collector keeps working though it cannot save its position, and the finding committed
 before the disk filled is still in the database afterwards, where a restarted daemon finds
-it.
+it. When the disk frees up while the daemon runs, the database goes back to its file within
+its retry backoff (first try 10 s after the failure) with what it recorded in memory, and a
+restarted daemon finds every finding and event once.
 
 Corrupted while running: the database file is overwritten with garbage under the daemon.
 It keeps serving and diagnosing in memory and reports the store failing; on restart the
@@ -50,6 +52,10 @@ CONFIG = {"rules": {"interval": 0.2}, "collectors": {"kernel": {"interval": 0.5}
 
 @contextlib.contextmanager
 def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on `path` (made here), unmounted afterwards; skips when not
+    root (mount needs it; CI runs as root) or when the mount is refused (no CAP_SYS_ADMIN)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
     path.mkdir(parents=True)
     proc = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0750", "tmpfs", str(path)],
@@ -155,6 +161,84 @@ def test_a_full_state_filesystem_keeps_findings_flowing_and_loses_nothing_commit
             assert api_get(d2, "/v1/health")["findings_store"]["state"] == "ok"
         finally:
             d2.stop()
+
+
+def db_rows(path: Path, sql: str, *args: object) -> list[tuple[object, ...]]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return [tuple(r) for r in db.execute(sql, args)]
+
+
+def test_a_full_state_filesystem_that_frees_up_gets_back_what_was_kept_in_memory(tmp_path):
+    with small_tmpfs(tmp_path / "d" / "state", "2m") as state:
+        db_path = state / FILE_NAME
+        d = start_daemon(tmp_path / "d", CONFIG)
+        try:
+            wait_for(lambda: api_get(d, "/v1/health")["collectors"]["kernel"]["runs"] > 0)
+            before = gpu_lost(d)
+            wait_for(lambda: before in db_subjects(db_path), timeout=10)
+
+            filler = fill(state)
+            during = gpu_lost(d)  # diagnosed while the disk is full, kept in memory
+            wait_for(
+                lambda: metric_value(assert_serving(d), "moptd_findings_store_ok") == 0.0,
+                timeout=10,
+            )
+            assert api_get(d, "/v1/health")["status"] == "degraded"
+            assert during not in db_subjects(db_path)
+
+            filler.unlink()
+            # the first try is 10 s after the failed write, the next 20 s after that
+            wait_for(
+                lambda: metric_value(assert_serving(d), "moptd_findings_store_ok") == 1.0,
+                timeout=45,
+                step=0.5,
+            )
+            health = api_get(d, "/v1/health")
+            assert health["status"] == "ok", health
+            assert health["findings_store"]["state"] == "ok", health["findings_store"]
+            assert {before, during} <= db_subjects(db_path)
+            after = gpu_lost(d)  # on the file again
+            wait_for(lambda: after in db_subjects(db_path), timeout=10)
+        finally:
+            rc = d.stop()
+        assert rc == 0, d.log()[-3000:]
+        log = d.log()
+        assert "Traceback" not in log, log[-3000:]
+        assert "findings database failing, keeping findings in memory" in log
+        assert log.count("is written to disk again") == 1, log[-3000:]
+
+        subjects = (before, during, after)
+        for subject in subjects:
+            assert db_rows(
+                db_path,
+                "SELECT state FROM findings WHERE code = 'GPU_LOST' AND subject = ?",
+                subject,
+            ) == [("firing",)], subject
+            assert db_rows(
+                db_path,
+                "SELECT count(*) FROM events WHERE stream = 'kernel.xid' AND subject = ?",
+                subject,
+            ) == [(1,)], subject
+
+        # the restart: a new daemon on the same state finds all three, once each
+        d2 = start_daemon(tmp_path / "d", CONFIG)
+        try:
+            assert api_get(d2, "/v1/health")["findings_store"]["state"] == "ok"
+            history = api_get(d2, "/v1/findings?code=GPU_LOST")["history"]
+            seen = [f["subject"] for f in history if f["subject"] in subjects]
+            assert sorted(seen) == sorted(subjects), history
+            for subject in subjects:
+                assert metric_value(
+                    assert_serving(d2), "moptd_finding_active", subject=subject
+                ) == 1.0, subject
+        finally:
+            assert d2.stop() == 0, d2.log()[-3000:]
+        for subject in subjects:
+            assert db_rows(
+                db_path,
+                "SELECT count(*) FROM events WHERE stream = 'kernel.xid' AND subject = ?",
+                subject,
+            ) == [(1,)], f"{subject}: the restarted daemon read its Xid again"
 
 
 def test_a_database_corrupted_under_the_running_daemon(tmp_path):
