@@ -13,6 +13,7 @@ from moptd.cli import main
 from moptd.clock import VirtualClock
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import FAILED, FAILED_PREFIX, Lifecycle
+from moptd.diagnose.lint import lint
 from moptd.diagnose.loader import load_rules
 from moptd.diagnose.model import RuleSet
 from moptd.diagnose.service import RuleService
@@ -251,3 +252,38 @@ def test_rules_test_command_fails_on_the_raising_rule(
     captured = capsys.readouterr()
     assert "rule overflows raised on node" in captured.err + captured.out
     assert "2 tests in 1 files: 0 failed, 1 errors" in captured.out + captured.err
+
+
+def lint_one(tmp_path: Path, condition: str, scope: str = "node") -> list[str]:
+    f = tmp_path / "one.rules.yaml"
+    f.write_text(
+        "schema: moptd.rules/v1\nrules:\n"
+        f"  - id: one\n    title: one\n    layer: host\n    scope: {scope}\n"
+        "    status: experimental\n    decide:\n"
+        f"      - id: b\n        if: '{condition}'\n        {VERDICT % 'SWAP_ACTIVE'}\n"
+    )
+    assert load_rules([f]).errors == []  # the load takes it: a reload is not refused for it
+    errors, _ = lint([f])
+    return [e.message for e in errors]
+
+
+def test_rules_check_flags_an_infinite_literal(tmp_path: Path) -> None:
+    assert lint_one(tmp_path, OVERFLOW) == [
+        "rule one: branch b: the number 1e999 is infinite as a float: a comparison with it is "
+        "constant, a bit mask of it raises"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("condition", "scope"),
+    [
+        ("node.load1 > 1e308", "node"),
+        ("(node.load1 + 1e300) & 1 == 1", "node"),  # finite: it may raise at run time only
+        ('count(kernel.xid, 10m, uuid == "1e999") > 0', "gpu"),  # a string is no number
+        ("gpu.clock_event_reasons & 0x40 != 0", "gpu"),
+    ],
+)
+def test_rules_check_leaves_finite_literals_alone(
+    tmp_path: Path, condition: str, scope: str
+) -> None:
+    assert lint_one(tmp_path, condition, scope) == []
