@@ -10,7 +10,8 @@ within ``flap_window`` holds for at least ``flap_hold`` after its condition clea
 A rule that raised on a subject (an *error* result) is like unknown for its own finding; it
 opens a finding of moptd's own instead: RULE_EVALUATION_FAILED on ``node``, one per failing
 rule, keyed ``rule-evaluation:<rule id>`` (no rule id holds a colon). It fires at once and
-resolves on the first evaluation in which the rule raises nowhere.
+resolves on the first evaluation in which the rule raises nowhere (flap damping holds one
+that keeps coming back, as it holds any finding).
 """
 
 from __future__ import annotations
