@@ -74,6 +74,25 @@ SIGNALS = [
         labels=("rule", "code", "severity", "subject"),
     ),
     SignalSpec(
+        "rules.failing",
+        "gauge",
+        "bool",
+        "1 for each rule that raised in the last evaluation (on any subject): it diagnoses "
+        "nothing there; the finding RULE_EVALUATION_FAILED says where and why.",
+        "node",
+        "moptd_rule_failing",
+        labels=("rule",),
+    ),
+    SignalSpec(
+        "rules.evaluation_errors",
+        "counter",
+        "count",
+        "Evaluations of the rule (one per subject per tick) that raised since moptd started.",
+        "node",
+        "moptd_rule_evaluation_errors_total",
+        labels=("rule",),
+    ),
+    SignalSpec(
         "node.build",
         "info",
         "",

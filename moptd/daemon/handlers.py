@@ -62,18 +62,23 @@ async def health(request: web.Request) -> web.Response:
     d = request.app.get(DIAGNOSIS)
     collectors = {n: h.as_dict() for n, h in runtime.health.items()}
     store: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
     status = "ok"
     if d is not None:
         store = d.db.health.as_dict()
-        if store["state"] == "failing":
+        failing = d.rules.failing()
+        # A rule that raises diagnoses nothing: moptd is not whole (RULE_EVALUATION_FAILED).
+        if store["state"] == "failing" or failing:
             status = "degraded"
+        rules = len(d.rules.ruleset.rules)
+        diagnosis = {"ticks": d.ticks, "rules": rules, "rules_failing": failing}
     body: dict[str, Any] = {
         "status": status,
         "started_at": request.app[STARTED],
         "uptime_seconds": time.time() - request.app[STARTED],
         "collectors": collectors,
         "findings_store": store,
-        "diagnosis": None if d is None else {"ticks": d.ticks, "rules": len(d.rules.ruleset.rules)},
+        "diagnosis": diagnosis,
     }
     return web.json_response(body)
 

@@ -246,8 +246,15 @@ CODES: dict[str, Code] = {
         "warning",
         "a watched filesystem (model dir, /tmp, state dir) nearly full",
     ),
+    # moptd's own health: made by the engine itself, never by a rule (its layer is no rule's).
+    "RULE_EVALUATION_FAILED": Code(
+        "moptd",
+        "warning",
+        "a rule raised while it ran (an overflow, a recursion too deep): it diagnoses nothing",
+    ),
 }
 
+# The layers a rule may declare; moptd's own health (layer "moptd") is no rule's.
 LAYERS = ("hardware", "driver", "container", "framework", "model", "memory", "host")
 # The layers whose codes the default rules in this repository must all reach.
 ENGINE_LAYERS = ("hardware", "driver", "container", "host")

@@ -5,6 +5,10 @@ first branch whose condition is true is taken. A condition that cannot be decide
 evidence) does not count as false-and-healthy: it is recorded as *unknown*, the walk goes on
 to the next branch, and a rule that reaches no verdict with unknowns on the way reports
 ``unknown`` rather than ``ok``.
+
+A rule that raises while it runs on a subject (an integer operation on an infinite number,
+a recursion too deep) is *error* on that subject, with the exception in ``Result.error``;
+the other rules and subjects run as usual, so one bad rule never switches the diagnosis off.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from moptd.observations import subject_id, subject_kind
 from moptd.proc.pci import normalize_pci
 from moptd.store import SignalStore
 
-Status = Literal["match", "ok", "unknown"]
+Status = Literal["match", "ok", "unknown", "error"]
+ERROR_CHARS = 200  # of an exception's text kept in Result.error
 
 
 @dataclass(slots=True)
@@ -45,6 +50,7 @@ class Result:
     summary: str = ""
     pci_bus_id: str | None = None
     actions: list[str] = field(default_factory=list)
+    error: str = ""  # status "error": the exception, "Type: message", truncated
 
 
 def gpu_subjects(store: SignalStore) -> list[tuple[str, str | None]]:
@@ -169,17 +175,38 @@ def evaluate(
             else:
                 reads = env.reads = [] if reuse is not None else None
                 try:
-                    res = evaluate_one(rule, env, trace=False)
+                    res = _isolated(rule, env, trace=False)
                 finally:
                     env.reads = None
-            if res.status == "match" or (traced is not None and traced(rule.id, env.subject)):
-                res = evaluate_one(rule, env)  # again, recording the path (reads are memoised)
+            if res.status == "error":
+                # Never kept for reuse: it runs again each pass, so a recovery shows at once
+                # and an exception that does not follow from the reads (RecursionError at
+                # another stack depth) is not frozen in.
+                pass
+            elif res.status == "match" or (traced is not None and traced(rule.id, env.subject)):
+                res = _isolated(rule, env)  # again, recording the path (reads are memoised)
             elif reads is not None:
                 keep[key] = (res, reads)
             out.append(res)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
     return out
+
+
+def _isolated(rule: Rule, env: Env, trace: bool = True) -> Result:
+    """evaluate_one, with what the rule raised as an "error" result instead of raised."""
+    try:
+        return evaluate_one(rule, env, trace)
+    except Exception as exc:  # noqa: BLE001 - one rule must not switch the diagnosis off
+        env.trace = None
+        return Result(
+            rule, env.subject, "error", pci_bus_id=env.pci_bus_id, error=describe_error(exc)
+        )
+
+
+def describe_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
 
 
 def evaluate_one(rule: Rule, env: Env, trace: bool = True) -> Result:

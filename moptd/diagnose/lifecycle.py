@@ -6,6 +6,12 @@ before it fires; once firing it stays until the condition has been false for
 resolves a firing one: a GPU that vanished takes its evidence with it, and that must not
 read as recovery. Flap damping: a finding that started firing ``flap_threshold`` times
 within ``flap_window`` holds for at least ``flap_hold`` after its condition clears.
+
+A rule that raised on a subject (an *error* result) is like unknown for its own finding; it
+opens a finding of moptd's own instead: RULE_EVALUATION_FAILED on ``node``, one per failing
+rule, keyed ``rule-evaluation:<rule id>`` (no rule id holds a colon). It fires at once and
+resolves on the first evaluation in which the rule raises nowhere (flap damping holds one
+that keeps coming back, as it holds any finding).
 """
 
 from __future__ import annotations
@@ -14,10 +20,15 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from moptd.diagnose.codes import CODES
 from moptd.diagnose.engine import Result
-from moptd.diagnose.model import Finding, Transition
+from moptd.diagnose.model import Action, Finding, Rule, Transition, Verdict
 
 Key = tuple[str, str]
+FAILED = "RULE_EVALUATION_FAILED"
+FAILED_PREFIX = "rule-evaluation:"  # + the failing rule's id: the self-finding's rule
+FAILED_RUNBOOK = "docs/runbooks/RULE_EVALUATION_FAILED.md"
+_SUBJECTS_SHOWN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,7 @@ class Lifecycle:
     def update(self, results: Iterable[Result], now: float) -> list[Transition]:
         out: list[Transition] = []
         seen: set[Key] = set()
+        failing: dict[str, list[Result]] = {}
         for res in results:
             key = (res.rule.id, res.subject)
             seen.add(key)
@@ -45,18 +57,34 @@ class Lifecycle:
                 out.extend(self._holds(key, f, res, now))
             elif res.status == "ok" and f is not None:
                 out.extend(self._clears(key, f, res.rule.keep_firing_for, now))
+            elif res.status == "error":
+                failing.setdefault(res.rule.id, []).append(res)
+        for errors in failing.values():
+            res = evaluation_failure(errors)
+            key = (res.rule.id, res.subject)
+            seen.add(key)
+            out.extend(self._holds(key, self.findings.get(key), res, now))
+        for key, f in list(self.findings.items()):
+            if key[0].startswith(FAILED_PREFIX) and key[0][len(FAILED_PREFIX) :] not in failing:
+                seen.add(key)
+                out.extend(self._clears(key, f, 0.0, now))
         for key in [k for k in self.findings if k not in seen]:
             f = self.findings[key]
             if f.state == "pending":
                 out.append(self._end(key, f, "inactive", now))
         return out
 
+    def failing(self) -> list[Finding]:
+        """The open RULE_EVALUATION_FAILED findings: the rules that raised last time."""
+        return [f for k, f in self.findings.items() if k[0].startswith(FAILED_PREFIX)]
+
     def drop_rules(self, keep: set[str], now: float) -> list[Transition]:
-        """Resolve findings of rules no longer in force (after a reload)."""
+        """Resolve findings of rules no longer in force (after a reload). A rule still in
+        force keeps its RULE_EVALUATION_FAILED finding until its next evaluation says."""
         return [
             self._end(k, f, "resolved" if f.state == "firing" else "inactive", now)
             for k, f in list(self.findings.items())
-            if k[0] not in keep
+            if k[0] not in keep and k[0].removeprefix(FAILED_PREFIX) not in keep
         ]
 
     def _holds(self, key: Key, f: Finding | None, res: Result, now: float) -> list[Transition]:
@@ -117,3 +145,43 @@ class Lifecycle:
 
     def pending(self) -> list[Finding]:
         return [f for f in self.findings.values() if f.state == "pending"]
+
+
+def evaluation_failure(errors: list[Result]) -> Result:
+    """The RULE_EVALUATION_FAILED match for one rule's error results (one per subject)."""
+    rule = errors[0].rule
+    subjects = [e.subject for e in errors]
+    shown = ", ".join(subjects[:_SUBJECTS_SHOWN])
+    if len(subjects) > _SUBJECTS_SHOWN:
+        shown += f" and {len(subjects) - _SUBJECTS_SHOWN} more"
+    error = errors[0].error
+    summary = f"rule {rule.id} raised on {shown} ({error}): it diagnoses nothing there"
+    actions = (
+        Action("inspect", f"moptd rules check {rule.file}"),
+        Action("change_config", f"fix or disable rule {rule.id} at {rule.file}:{rule.line}"),
+    )
+    info = CODES[FAILED]
+    verdict = Verdict(FAILED, info.severity, summary, actions, FAILED_RUNBOOK)
+    own = Rule(
+        id=FAILED_PREFIX + rule.id,
+        title=f"rule {rule.id} evaluates",
+        layer=info.layer,
+        scope="node",
+        status="stable",
+        for_=0.0,
+        keep_firing_for=0.0,
+        branches=(),
+        evidence=(),
+        file=rule.file,
+        line=rule.line,
+    )
+    return Result(
+        own,
+        "node",
+        "match",
+        verdict=verdict,
+        path=[own.id],
+        evidence={"rule": rule.id, "subject": shown, "error": error},
+        summary=summary,
+        actions=[a.render() for a in actions],
+    )

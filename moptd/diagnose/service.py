@@ -41,6 +41,9 @@ class RuleService:
         self.errors: list[RuleError] = []
         self.last_results: list[Result] = []
         self.reuse = Reuse()
+        # rule id -> evaluations (rule x subject) that raised, since start: a counter
+        self.evaluation_errors: dict[str, int] = {}
+        self._failing: set[str] = set()  # rules that raised last tick, logged once each
         self.put_in_force(load_rules(self.rule_paths))
         if not self.errors:
             log.info(
@@ -73,10 +76,36 @@ class RuleService:
             traced=lambda rule, subject: (rule, subject) in open_findings,
             reuse=self.reuse,
         )
+        self._count_errors(self.last_results)
         transitions = self.lifecycle.update(self.last_results, t)
         for tr in transitions:
             log.info("finding %s %s on %s: %s -> %s", tr.rule, tr.code, tr.subject, tr.old, tr.new)
         return transitions
+
+    def _count_errors(self, results: list[Result]) -> None:
+        failing: set[str] = set()
+        for r in results:
+            if r.status != "error":
+                continue
+            failing.add(r.rule.id)
+            self.evaluation_errors[r.rule.id] = self.evaluation_errors.get(r.rule.id, 0) + 1
+            if r.rule.id not in self._failing:
+                self._failing.add(r.rule.id)  # once until it recovers, not every tick
+                log.error(
+                    "rule %s (%s:%d) failed on %s: %s; the other rules run on",
+                    r.rule.id,
+                    r.rule.file,
+                    r.rule.line,
+                    r.subject,
+                    r.error,
+                )
+        for rid in sorted(self._failing - failing):
+            log.info("rule %s evaluates again", rid)
+        self._failing = failing
+
+    def failing(self) -> list[str]:
+        """The ids of the rules that raised in the last evaluation."""
+        return sorted(self._failing)
 
     def restore(self, findings: Iterable[Finding]) -> None:
         """Take back open findings kept across a restart (before the first tick)."""
@@ -105,10 +134,15 @@ class RuleService:
         )
 
     def findings_batch(self) -> Batch:
-        """moptd_finding_active / moptd_finding_pending samples, for store.ingest("rules", ...)."""
+        """moptd_finding_active / moptd_finding_pending, moptd_rule_failing and
+        moptd_rule_evaluation_errors_total samples, for store.ingest("rules", ...)."""
         batch = Batch()
         for f in self.lifecycle.findings.values():
             signal = "finding.active" if f.state == "firing" else "finding.pending"
             labels = labels_of(rule=f.rule, code=f.code, severity=f.severity, subject=f.subject)
             batch.add(signal, NODE, 1.0, labels)
+        for rid in self._failing:
+            batch.add("rules.failing", NODE, 1.0, labels_of(rule=rid))
+        for rid, n in self.evaluation_errors.items():
+            batch.add("rules.evaluation_errors", NODE, float(n), labels_of(rule=rid))
         return batch

@@ -114,6 +114,7 @@ class TestReport:
     errors: list[RuleError] = field(default_factory=list)
     firing_tests: dict[str, int] = field(default_factory=dict)  # rule id -> count
     silent_tests: dict[str, int] = field(default_factory=dict)
+    raised: set[str] = field(default_factory=set)  # rules under test that raised (reported once)
     ruleset: RuleSet | None = None
 
     @property
@@ -304,7 +305,19 @@ def _run_test(
         while ei < len(events) and events[ei].t <= t:
             ei += 1
         store.add_events(events[start:ei])
-        life.update(evaluate(ruleset, store, t, missing, reuse=reuse), t)
+        results = evaluate(ruleset, store, t, missing, reuse=reuse)
+        for r in results:
+            # A rule that raises is an error of that rule; the others' tests go on.
+            if r.status == "error" and r.rule.id in under_test and r.rule.id not in report.raised:
+                report.raised.add(r.rule.id)
+                report.errors.append(
+                    RuleError(
+                        r.rule.file,
+                        r.rule.line,
+                        f"rule {r.rule.id} raised on {r.subject} (in {path}): {r.error}",
+                    )
+                )
+        life.update(results, t)
     got = {
         (f.rule, f.code, f.subject): f
         for f in life.findings.values()
