@@ -223,9 +223,12 @@ def test_shipped_rules_are_far_below_the_limits() -> None:
     numbers = [
         len(m.group(3)) for _, _, text in exprs for m in expr._TOKEN.finditer(text) if m.group(3)
     ]
-    # What docs/rules.md "Limits" states as the largest shipped expression.
-    assert (max(c.nodes for c in costs), max(c.depth for c in costs)) == (59, 6)
-    assert (max(tokens), max(numbers)) == (90, 10)
+    # docs/rules.md "Limits" states the largest shipped expression (59 nodes, depth 6, 90
+    # tokens, a 10-character number): a bigger one must update it.
+    assert max(c.nodes for c in costs) <= 59
+    assert max(c.depth for c in costs) <= 6
+    assert max(tokens) <= 90
+    assert max(numbers) <= 10
     assert max(c.nodes for c in costs) * 10 < expr.MAX_NODES
     assert max(c.depth for c in costs) * 4 < expr.MAX_DEPTH
     assert max(tokens) * 5 < expr.MAX_TOKENS

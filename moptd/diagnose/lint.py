@@ -2,7 +2,8 @@
 
 The loader already reports schema errors, unknown signals, lists, macros, functions and
 labels, type errors (a counter function on a gauge, an event stream outside count()),
-macro cycles, bad durations, unreachable branches and codes outside the catalog.
+macro cycles, bad durations, unreachable branches, codes outside the catalog and expressions
+over the cost limits (docs/rules.md "Limits").
 """
 
 from __future__ import annotations
