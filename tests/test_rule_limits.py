@@ -309,7 +309,7 @@ def test_deep_and_wide_expressions_fail_only_as_expr_errors(
             assert e.message  # noqa: PT017 - a property over many inputs, not one raise
             continue
         value = compiled(Env(SignalStore(clock=VirtualClock(0)), "node", 10.0))
-        assert value is None or isinstance(value, bool | float | str | list)
+        assert value is None or isinstance(value, bool | float | int | str | list)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
