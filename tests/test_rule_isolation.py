@@ -21,8 +21,11 @@ from moptd.diagnose.testing import run_tests
 from moptd.observations import Batch, labels_of
 from moptd.store import SignalStore
 
-# The rule of issue 18: it passes `rules check`, then raises OverflowError on every tick.
-OVERFLOW = "(node.load1 + 1e999) & 1 == 1"
+# A rule that passes `rules check` and the load, then raises OverflowError on every tick.
+# (Issue 18's own rule, `(node.load1 + 1e999) & 1 == 1`, is now refused at load: 1e999 is
+# no float, tests/test_rule_limits.py. A product that overflows cannot be seen at load.)
+ISSUE_RULE = "(node.load1 + 1e999) & 1 == 1"
+OVERFLOW = "((node.load1 + 1) * 1e300 * 1e300) & 1 == 1"
 VERDICT = "verdict: {code: %s, summary: s, actions: [], runbook: https://example.invalid}"
 
 RULES = f"""\
@@ -53,7 +56,7 @@ rules:
     status: experimental
     decide:
       - id: hot
-        if: gpu.temperature > 90 and (gpu.temperature + 1e999) & 1 == 1
+        if: gpu.temperature > 90 and (gpu.temperature * 1e300 * 1e300) & 1 == 1
         {VERDICT % "THERMAL_THROTTLE"}
       - id: warm
         if: gpu.temperature > 60
@@ -254,36 +257,21 @@ def test_rules_test_command_fails_on_the_raising_rule(
     assert "2 tests in 1 files: 0 failed, 1 errors" in captured.out + captured.err
 
 
-def lint_one(tmp_path: Path, condition: str, scope: str = "node") -> list[str]:
+def one_rule(tmp_path: Path, condition: str) -> Path:
     f = tmp_path / "one.rules.yaml"
     f.write_text(
         "schema: moptd.rules/v1\nrules:\n"
-        f"  - id: one\n    title: one\n    layer: host\n    scope: {scope}\n"
+        "  - id: one\n    title: one\n    layer: host\n    scope: node\n"
         "    status: experimental\n    decide:\n"
         f"      - id: b\n        if: '{condition}'\n        {VERDICT % 'SWAP_ACTIVE'}\n"
     )
-    assert load_rules([f]).errors == []  # the load takes it: a reload is not refused for it
-    errors, _ = lint([f])
-    return [e.message for e in errors]
+    return f
 
 
-def test_rules_check_flags_an_infinite_literal(tmp_path: Path) -> None:
-    assert lint_one(tmp_path, OVERFLOW) == [
-        "rule one: branch b: the number 1e999 is infinite as a float: a comparison with it is "
-        "constant, a bit mask of it raises"
-    ]
-
-
-@pytest.mark.parametrize(
-    ("condition", "scope"),
-    [
-        ("node.load1 > 1e308", "node"),
-        ("(node.load1 + 1e300) & 1 == 1", "node"),  # finite: it may raise at run time only
-        ('count(kernel.xid, 10m, uuid == "1e999") > 0', "gpu"),  # a string is no number
-        ("gpu.clock_event_reasons & 0x40 != 0", "gpu"),
-    ],
-)
-def test_rules_check_leaves_finite_literals_alone(
-    tmp_path: Path, condition: str, scope: str
-) -> None:
-    assert lint_one(tmp_path, condition, scope) == []
+def test_the_issue_rule_is_refused_and_an_overflowing_product_is_not(tmp_path: Path) -> None:
+    """What a load can see it refuses; what only the values show, the run time isolates."""
+    errors, _ = lint([one_rule(tmp_path, ISSUE_RULE)])
+    assert errors
+    assert "1e999" in errors[0].message
+    errors, _ = lint([one_rule(tmp_path, OVERFLOW)])
+    assert errors == []

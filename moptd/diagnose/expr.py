@@ -45,11 +45,32 @@ FUNCTIONS = (
     "abs",
 )
 
+# A string runs to its closing quote or, unterminated, to the end: either way one match,
+# so a text of many stray quotes is one pass, not one pass per quote.
 _DURATION = re.compile(
-    r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""  # strings pass through untouched
+    r"""("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?)"""  # strings pass through untouched
     r"|(?<![\w.])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+)(?![\w.])"
 )
 _DUR_NAME = re.compile(r"__d_(\d+)")
+
+# What one expression may cost, checked at load so that no rule file can make the loader or
+# a tick expensive (docs/rules.md "Limits"). The largest shipped expression has 90 tokens,
+# 59 nodes and depth 6 after macro expansion, and its longest number has 10 characters
+# (tests/test_rule_limits.py measures them).
+MAX_TOKENS = 500  # in one condition's text: bounds the depth ast.parse recurses to
+MAX_DEPTH = 32  # nesting after macro expansion: bounds the compiler's recursion
+MAX_NODES = 1000  # after macro expansion: bounds the work of one evaluation
+MAX_NUMBER_CHARS = 32  # one numeric literal: 0x and 400 hex digits is not a threshold
+
+# Python's tokens, roughly: a string, a name, a number, a two-character operator, any
+# other visible character. Counting them is one pass with no recursion.
+_TOKEN = re.compile(
+    r"""("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?)"""
+    r"|([^\W\d]\w*)"
+    r"|((?:0[xXoObB]\w*|(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][+-]?[\d_]+)?)\w*)"
+    r"|(?:[=!<>]=|\*\*|//|<<|>>)"
+    r"|\S"
+)
 _READ_IDS: dict[tuple[object, ...], int] = {}  # distinct signal reads, for the per-pass memo
 _UNSET = object()
 
@@ -190,9 +211,18 @@ class Compiler:
     macros: Mapping[str, str] = field(default_factory=dict)
     scope: str = "node"
     _macro_cache: dict[str, Expr] = field(default_factory=dict)
+    _macro_cost: dict[str, Cost] = field(default_factory=dict)
     _stack: list[str] = field(default_factory=list)
+    _depth: int = 0  # nesting of the macro name being compiled, in the expression using it
 
     def compile(self, text: str) -> Expr:
+        return self._compile(text)[0]
+
+    def cost(self, text: str) -> Cost:
+        """What ``text`` costs after macro expansion (raises ExprError like compile)."""
+        return self._compile(text)[1]
+
+    def _compile(self, text: str) -> tuple[Expr, Cost]:
         if not text.strip():
             raise ExprError("a condition must be a non-empty string")
         durations: list[tuple[str, float]] = []
@@ -208,14 +238,22 @@ class Compiler:
             return f"__d_{len(durations) - 1}"
 
         src = _DURATION.sub(sub, text.strip())
+        _check_tokens(src)
         try:
             tree = ast.parse(src, mode="eval")
         except SyntaxError as e:
             col = max(0, (e.offset or 1) - 1)
             raise ExprError(f"syntax error: {e.msg}", col) from None
-        state = _State(src, durations)
+        except (RecursionError, MemoryError):  # pragma: no cover - MAX_TOKENS keeps it away,
+            # unless the caller is already deep in its own stack
+            raise ExprError("nested too deeply to parse") from None
+        state = _State(src, durations, depth_of=_depths(tree.body, self._depth, self._stack))
+        state.nodes = len(state.depth_of)
+        state.depth = max(state.depth_of.values())
+        _check_nodes(state.nodes)
         fn = self._node(tree.body, state)
-        return Expr(text.strip(), fn, frozenset(state.signals), frozenset(state.macros))
+        expr = Expr(text.strip(), fn, frozenset(state.signals), frozenset(state.macros))
+        return expr, Cost(state.nodes, state.depth)
 
     # Each _node call returns a closure; the checks happen here, once.
     def _node(self, node: ast.expr, st: _State) -> Compiled:
@@ -243,6 +281,10 @@ class Compiler:
             if isinstance(v, bool) or not isinstance(v, int | float | str):
                 raise self._err(f"constant {v!r} is not allowed", node)
             c: object = float(v) if isinstance(v, int) else v
+            if isinstance(c, float) and not math.isfinite(c):
+                raise self._err(
+                    f"number {ast.get_source_segment(st.src, node)} is out of range", node
+                )
             return lambda env: c
         if isinstance(node, ast.List | ast.Tuple):
             items = [self._constant(e, st) for e in node.elts]
@@ -290,6 +332,10 @@ class Compiler:
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str):
             if isinstance(node.value, bool):
                 raise self._err("booleans are written true/false", node)
+            if isinstance(node.value, float) and not math.isfinite(node.value):
+                raise self._err(
+                    f"number {ast.get_source_segment(st.src, node)} is out of range", node
+                )
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             v = self._constant(node.operand, st)
@@ -319,7 +365,7 @@ class Compiler:
             items = list(self.lists[name])
             return lambda env: items
         if name in self.macros and st.fields is None:
-            expr = self._macro(name, node)
+            expr = self._macro(name, node, st)
             st.signals.update(expr.signals)
             st.macros.add(name)
             st.macros.update(expr.macros)
@@ -329,25 +375,39 @@ class Compiler:
             raise self._err(f"unknown event field {name!r} (fields: {known})", node)
         raise self._err(f"unknown name {name!r} (not a macro, list or constant)", node)
 
-    def _macro(self, name: str, node: ast.AST) -> Expr:
+    def _macro(self, name: str, node: ast.Name, st: _State) -> Expr:
         if name in self._stack:
             cycle = " -> ".join([*self._stack[self._stack.index(name) :], name])
             raise self._err(f"macro cycle: {cycle}", node)
-        cached = self._macro_cache.get(name)
-        if cached is not None:
-            return cached
-        self._stack.append(name)
-        try:
-            expr = self.compile(self.macros[name])
-        except ExprError as e:
-            if e.message.startswith("in macro ") or e.message.startswith("macro cycle"):
-                raise
-            raise ExprError(
-                f"in macro {name!r}: {e.message}", getattr(node, "col_offset", 0)
-            ) from None
-        finally:
-            self._stack.pop()
-        self._macro_cache[name] = expr
+        # The macro's body stands where its name is: one level below it, and its nodes
+        # count as many times as the name appears. Each macro is compiled and costed once
+        # per scope, so a chain that doubles at every step is refused in linear time.
+        at = self._depth + st.depth_of[node]
+        expr = self._macro_cache.get(name)
+        cost = self._macro_cost.get(name)
+        if expr is None or cost is None:
+            self._stack.append(name)
+            outer, self._depth = self._depth, at
+            try:
+                expr, cost = self._compile(self.macros[name])
+            except _TooDeep:
+                raise  # the expression using the macro is too deep, not the macro
+            except ExprError as e:
+                if e.message.startswith("in macro ") or e.message.startswith("macro cycle"):
+                    raise
+                raise ExprError(
+                    f"in macro {name!r}: {e.message}", getattr(node, "col_offset", 0)
+                ) from None
+            finally:
+                self._depth = outer
+                self._stack.pop()
+            self._macro_cache[name] = expr
+            self._macro_cost[name] = cost
+        if at + cost.depth > MAX_DEPTH:
+            raise _TooDeep([*self._stack, name])
+        st.depth = max(st.depth, at - self._depth + cost.depth)
+        st.nodes += cost.nodes - 1  # the name itself was counted
+        _check_nodes(st.nodes)
         return expr
 
     def _signal(self, node: ast.expr, st: _State, event: bool = False) -> SignalSpec:
@@ -378,7 +438,7 @@ class Compiler:
             and isinstance(node.value, int | float)
             and not isinstance(node.value, bool)
         ):
-            if node.value > 0:
+            if 0 < node.value < math.inf:
                 return float(node.value)
         raise self._err("expected a window duration such as 5m", node)
 
@@ -445,7 +505,7 @@ class Compiler:
         window = self._window(args[1], st)
         where: Compiled | None = None
         if len(args) == 3:
-            inner = _State(st.src, st.durations, fields=set(spec.fields))
+            inner = _State(st.src, st.durations, fields=set(spec.fields), depth_of=st.depth_of)
             where = self._node(args[2], inner)
         label = st.label(node)
         stream, namespace = spec.name, spec.name.split(".", 1)[0]
@@ -732,6 +792,63 @@ def truth(v: object) -> bool | None:
     return _truth(v)
 
 
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """An expression's size after macro expansion: its nodes, and its nesting depth."""
+
+    nodes: int
+    depth: int
+
+
+class _TooDeep(ExprError):
+    """Nested deeper than MAX_DEPTH; through macros, the fault of the expression using them."""
+
+    def __init__(self, through: list[str]) -> None:
+        via = f", through macro {' -> '.join(_ends(through))}" if through else ""
+        super().__init__(f"nested more than {MAX_DEPTH} levels deep (the limit){via}")
+
+
+def _ends(names: list[str]) -> list[str]:
+    return names if len(names) <= 6 else [*names[:3], "...", *names[-2:]]
+
+
+def _check_tokens(src: str) -> None:
+    """The limits a text's tokens show, before ast.parse (which recurses) sees it."""
+    n = 0
+    for m in _TOKEN.finditer(src):
+        n += 1
+        if n > MAX_TOKENS:
+            raise ExprError(f"more than {MAX_TOKENS} tokens (the limit)", m.start())
+        number = m.group(3)
+        if number is not None and len(number) > MAX_NUMBER_CHARS:
+            shown = number if len(number) <= 20 else f"{number[:12]}...{number[-4:]}"
+            raise ExprError(
+                f"number {shown} has {len(number)} characters (the limit is {MAX_NUMBER_CHARS})",
+                m.start(),
+            )
+
+
+def _depths(root: ast.expr, base: int, through: list[str]) -> dict[ast.expr, int]:
+    """Every expression node of ``root`` with its depth below ``base``, walked without
+    recursion; refuses a tree deeper than MAX_DEPTH before the compiler recurses into it."""
+    out: dict[ast.expr, int] = {}
+    todo: list[tuple[ast.AST, int]] = [(root, base + 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, ast.expr):
+            if depth > MAX_DEPTH:
+                raise _TooDeep(through)
+            out[node] = depth - base
+            depth += 1
+        todo.extend((child, depth) for child in ast.iter_child_nodes(node))
+    return out
+
+
+def _check_nodes(nodes: int) -> None:
+    if nodes > MAX_NODES:
+        raise ExprError(f"more than {MAX_NODES} nodes after macro expansion (the limit)")
+
+
 @dataclass
 class _State:
     src: str
@@ -739,6 +856,9 @@ class _State:
     signals: set[str] = field(default_factory=set)
     macros: set[str] = field(default_factory=set)
     fields: set[str] | None = None
+    depth_of: dict[ast.expr, int] = field(default_factory=dict)  # below the text's root
+    nodes: int = 0  # after macro expansion so far
+    depth: int = 0  # likewise, the root being 1
 
     def label(self, node: ast.AST) -> str:
         seg = ast.get_source_segment(self.src, node) or ast.unparse(node)
