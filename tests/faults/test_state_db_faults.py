@@ -228,9 +228,14 @@ def test_a_full_state_filesystem_that_frees_up_gets_back_what_was_kept_in_memory
             seen = [f["subject"] for f in history if f["subject"] in subjects]
             assert sorted(seen) == sorted(subjects), history
             for subject in subjects:
-                assert metric_value(
-                    assert_serving(d2), "moptd_finding_active", subject=subject
-                ) == 1.0, subject
+                # restored at start; /metrics shows them once the first rule tick has run
+                wait_for(
+                    lambda s=subject: metric_value(
+                        assert_serving(d2), "moptd_finding_active", subject=s
+                    )
+                    == 1.0,
+                    timeout=10,
+                )
         finally:
             assert d2.stop() == 0, d2.log()[-3000:]
         for subject in subjects:
