@@ -9,18 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moptd.located import LocatedError
 from moptd.observations import Batch, Event
 
 
-class TimelineError(Exception):
+class TimelineError(LocatedError):
     """Evidence that cannot be read into a timeline: names the file and line (0: the file
     as a whole). moptd.bundle.BundleError is the one raised today."""
-
-    def __init__(self, file: str, line: int, message: str) -> None:
-        super().__init__(f"{file}:{line}: {message}")
-        self.file = file
-        self.line = line
-        self.message = message
 
 
 @dataclass

@@ -33,20 +33,15 @@ from moptd.gpu.readings import (
     SlowReading,
     StaticReading,
 )
+from moptd.located import LocatedError
 from moptd.observations import Batch
 from moptd.proc.pci import pci_key
 
 MIB = 1024 * 1024
 
 
-class NvsmiError(Exception):
+class NvsmiError(LocatedError):
     """The file is not a readable nvidia-smi dump."""
-
-    def __init__(self, path: Path | str, line: int, message: str) -> None:
-        super().__init__(f"{path}:{line}: {message}")
-        self.path = Path(path)
-        self.line = line
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

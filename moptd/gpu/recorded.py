@@ -59,6 +59,7 @@ from moptd.gpu.readings import (
     reading_to_dict,
     split_costly,
 )
+from moptd.located import LocatedError
 from moptd.observations import Batch, Sample, gpu_subject
 
 FORMAT = "moptd-nvml-recording/1"
@@ -69,14 +70,8 @@ Reading = StaticReading | FastReading | SlowReading
 _CLASSES: dict[str, type[Any]] = {"static": StaticReading, "fast": FastReading, "slow": SlowReading}
 
 
-class RecordingError(Exception):
+class RecordingError(LocatedError):
     """A recording line that cannot be used; names the file, line and key."""
-
-    def __init__(self, path: Path | str, line: int, message: str) -> None:
-        super().__init__(f"{path}:{line}: {message}")
-        self.path = Path(path)
-        self.line = line
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from moptd.located import LocatedError
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving.engines import view_from_samples
 from moptd.serving.gates import classify_names
@@ -28,10 +29,8 @@ _PROBE_OF = {"/health": "health", "/v1/models": "models", "/v1/completions": "ge
 _TS = re.compile(r"^(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)$")
 
 
-class ServingBundleError(Exception):
-    def __init__(self, file: str, line: int, message: str) -> None:
-        super().__init__(f"{file}:{line}: {message}")
-        self.file, self.line, self.message = file, line, message
+class ServingBundleError(LocatedError):
+    """A serving directory's file that is present but malformed."""
 
 
 @dataclass
