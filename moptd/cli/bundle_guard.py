@@ -10,12 +10,14 @@ refused bundle costs no disk and no time; it names the member and the limit.
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 from pathlib import Path, PurePosixPath
 
 import yaml
 
 from moptd import yamlsafe
+from moptd.cli.tar_scan import TarScanError, scan_tar
 
 # An hour recorded at 5 s from 8 GPUs and 8 endpoints is about 6,500 files of well under
 # 1 MiB each; a kernel ring buffer is at most a few MiB, and `moptd record` keeps at most
@@ -24,6 +26,11 @@ MAX_MEMBERS = 100_000
 MAX_FILE_BYTES = 128 << 20
 MAX_TOTAL_BYTES = 1 << 30
 MAX_META_BYTES = 1 << 20
+# A recorded bundle is 4 levels deep (b/serving/main/log.txt); deeper is not a bundle, and
+# a path thousands of levels deep would exhaust the recursion of a recursive walk.
+MAX_DEPTH = 16
+# Headers and padding on top of the member bytes: three 512-byte blocks a member at most.
+MAX_UNPACKED_BYTES = MAX_TOTAL_BYTES + MAX_MEMBERS * 3 * 512
 
 
 class BundleRefused(ValueError):
@@ -44,6 +51,12 @@ def check_bundle(path: Path) -> None:
 
 
 def _check_tar(path: Path) -> None:
+    try:
+        scan_tar(path, MAX_UNPACKED_BYTES)
+    except TarScanError as exc:
+        raise BundleRefused(path, exc.member, exc.reason) from None
+    except OSError as exc:
+        raise BundleRefused(path, "(archive)", f"unreadable: {exc}") from None
     members = 0
     total = 0
     try:
@@ -77,6 +90,8 @@ def _check_name(path: Path, name: str) -> None:
     p = PurePosixPath(name)
     if p.is_absolute() or ".." in p.parts or "\\" in name or "\0" in name:
         raise BundleRefused(path, name, "a path outside the bundle")
+    if len(p.parts) > MAX_DEPTH:
+        raise BundleRefused(path, name[:200], f"more than {MAX_DEPTH} folders deep")
 
 
 def _kind(m: tarfile.TarInfo) -> str:
@@ -92,30 +107,63 @@ def _kind(m: tarfile.TarInfo) -> str:
 
 
 def _check_dir(path: Path) -> None:
+    """Walks without following links (lstat), iteratively and to MAX_DEPTH: a link to
+    /dev/zero or /etc/shadow, a FIFO, a socket or a device is refused by name, never
+    opened, so the reader only ever opens regular files inside the bundle."""
     members = 0
     total = 0
-    for folder, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
+    stack: list[tuple[Path, int]] = [(path, 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            raise BundleRefused(path, _rel(path, folder), f"unreadable folder: {exc}") from None
+        for entry in entries:
             members += 1
+            full = Path(entry.path)
+            rel = _rel(path, full)
             if members > MAX_MEMBERS:
-                raise BundleRefused(path, name, f"more than {MAX_MEMBERS} files")
-        for name in files:
-            full = Path(folder, name)
-            rel = str(full.relative_to(path))
-            try:
-                size = full.stat().st_size
-            except OSError:
-                continue  # a dangling link: the reader reports the file as unreadable
-            if size > MAX_FILE_BYTES:
+                raise BundleRefused(path, rel, f"more than {MAX_MEMBERS} files")
+            st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 >= MAX_DEPTH:
+                    raise BundleRefused(path, rel, f"more than {MAX_DEPTH} folders deep")
+                stack.append((full, depth + 1))
+                continue
+            if not stat.S_ISREG(st.st_mode):
                 raise BundleRefused(
-                    path, rel, f"{size} bytes, over the {MAX_FILE_BYTES}-byte limit"
+                    path, rel, f"a {_file_kind(full, st.st_mode)}; only files and folders"
                 )
-            total += size
+            if st.st_size > MAX_FILE_BYTES:
+                raise BundleRefused(
+                    path, rel, f"{st.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit"
+                )
+            total += st.st_size
             if total > MAX_TOTAL_BYTES:
                 raise BundleRefused(path, rel, f"over the {MAX_TOTAL_BYTES}-byte limit in all")
-            if name == "bundle.yaml":
+            if entry.name == "bundle.yaml":
                 with full.open("rb") as fh:
                     _check_meta(path, rel, fh.read(MAX_META_BYTES + 1))
+
+
+def _rel(root: Path, full: Path) -> str:
+    return str(full.relative_to(root)) if full != root else "."
+
+
+def _file_kind(full: Path, mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        try:
+            return f"symbolic link to {os.readlink(full)!r}"
+        except OSError:
+            return "symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device node"
+    return "special file"
 
 
 def _check_meta(path: Path, member: str, data: bytes) -> None:
