@@ -45,10 +45,11 @@ def _matches(text: str) -> list[Match]:
 
 
 def test_the_peer_tables_are_all_there():
-    # 127 gpud lines (xid/, sxid/, nvlink/ tests) + 28 NVSentinel lines (csv_test.go and
-    # sxid_handler_test.go); most give one match, the rest are the peers' negative cases
-    assert len(CASES) == 155
-    assert sum(1 for c in CASES if c["expect"]) == 145
+    # 127 gpud lines (xid/, sxid/, nvlink/ tests) + 33 NVSentinel lines (csv_test.go,
+    # sxid_handler_test.go, gpufallen_handler_test.go); most give a match, the rest are
+    # the peers' negative cases
+    assert len(CASES) == 160
+    assert sum(1 for c in CASES if c["expect"]) == 149
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['source'].split()[-1]}" for c in CASES])
