@@ -23,8 +23,15 @@ _XID_FIELDS = (
     "mnemonic",
     "diagnoses",
     "recovery_action",
+    "recovery_action_code",
+    "previous_recovery_action",
+    "previous_recovery_action_code",
     "nvlink_unit",
+    "nvlink_xc",
     "link",
+    "link_scope",
+    "intrinfo",
+    "error_status",
     "user",
     "cmdline",
     "pod_uid",
@@ -41,7 +48,9 @@ SIGNALS = [
         "kernel.xid",
         "gpu",
         "An NVRM Xid line. Subject gpu:<index> when the PCI address maps to a known GPU, "
-        "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal).",
+        "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal); "
+        "link_scope is one_link, or no_particular_link (the line says Link -1, link is "
+        "None); recovery_action_code (Xid 154) is NVML's 0 none .. 4 drain and reset.",
         _XID_FIELDS,
     ),
     _ev(
@@ -53,8 +62,47 @@ SIGNALS = [
     _ev(
         "kernel.sxid",
         "node",
-        "An NVSwitch SXid line; fatal is None when the line gives no severity.",
-        ("code", "pci_bus_id", "fatal", "device", "message"),
+        "An NVSwitch SXid; fatal is None when the line gives no severity. Its follow-up "
+        "lines are kernel.sxid_detail, unless no header was seen: then the follow-up stands "
+        "for the SXid.",
+        (
+            "code",
+            "pci_bus_id",
+            "fatal",
+            "severity",
+            "link",
+            "device",
+            "message",
+            "severity_level",
+            "engine_instance",
+            "subengine_instance",
+            "data",
+        ),
+    ),
+    _ev(
+        "kernel.sxid_detail",
+        "node",
+        "A follow-up line of an SXid ('Severity N Engine instance ...' or 'Data {...}'), "
+        "not another SXid; severity_level 1 is fatal, 0 nonfatal.",
+        (
+            "code",
+            "pci_bus_id",
+            "device",
+            "fatal",
+            "severity",
+            "message",
+            "severity_level",
+            "engine_instance",
+            "subengine_instance",
+            "data",
+        ),
+    ),
+    _ev(
+        "kernel.nvlink_rx_detect_failure",
+        "node",
+        "The driver failed to update an NVLink post-RX-detection link mask (failure "
+        "update_link_mask) or a peer's mask (peer_link_mask, peer set). The line names no GPU.",
+        ("function", "failure", "peer"),
     ),
     _ev(
         "kernel.api_mismatch",

@@ -32,6 +32,18 @@ _SHORT = re.compile(
     r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) (?P<host>\S+) (?P<tag>[^\s:\[]+)"
     r"(?:\[\d+\])?: ?(?P<msg>.*)"
 )
+# dmesg --time-format iso: "2025-01-21T04:41:44,283302+00:00 msg" (a comma before the
+# microseconds, which journalctl and rsyslog never print)
+_DMESG_ISO = re.compile(
+    r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2},\d{1,9}(?:[+-]\d{2}:?\d{2})?) (?P<msg>.*)"
+)
+# dmesg --decode (-x): "kern  :warn  : " before whatever time format was asked for
+_DECODE = re.compile(r"(?P<fac>[a-z][a-z0-9]{1,7}) *:(?P<lvl>[a-z]{3,6}) *: ?(?P<rest>.*)")
+_FACILITIES = (
+    "kern user mail daemon auth syslog lpr news uucp cron authpriv ftp res0 res1 res2 res3 "
+    "local0 local1 local2 local3 local4 local5 local6 local7"
+).split()
+_LEVELS = "emerg alert crit err warn notice info debug".split()
 _PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
 _HEX_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
@@ -124,6 +136,40 @@ def _syslog_text(msg: str) -> str:
     return _PRINTK_TIME.sub("", msg, count=1) if msg.startswith("[") else msg
 
 
+def _dmesg_body(text: str, boot_time: float | None, line_no: int) -> KernelRecord | None:
+    """``[uptime] msg`` (with an optional ``<pri>``) or ``[ctime] msg`` (dmesg -T)."""
+    if text[:1] not in ("[", "<"):
+        return None
+    m = _DMESG.fullmatch(text)
+    if m is not None:
+        uptime = float(m.group("ts"))
+        pri = m.group("pri")
+        return KernelRecord(
+            _cap(m.group("msg")),
+            None if boot_time is None else boot_time + uptime,
+            uptime,
+            level=None if pri is None else int(pri) & 7,
+            facility=None if pri is None else int(pri) >> 3,
+            fmt="dmesg",
+            line=line_no,
+        )
+    m = _DMESG_T.fullmatch(text)
+    if m is not None:
+        return KernelRecord(
+            _cap(m.group("msg")), _dmesg_t_time(m.group("ts")), fmt="dmesg-T", line=line_no
+        )
+    return None
+
+
+def _dmesg_iso(text: str, line_no: int) -> KernelRecord | None:
+    m = _DMESG_ISO.fullmatch(text)
+    if m is None:
+        return None
+    return KernelRecord(
+        _cap(m.group("msg")), _iso_time(m.group("ts")), fmt="dmesg-iso", line=line_no
+    )
+
+
 def parse_line(
     line: str, boot_time: float | None = None, year: int | None = None, line_no: int = 0
 ) -> KernelRecord | None:
@@ -138,6 +184,9 @@ def parse_line(
         m = _RAW.fullmatch(line)
         if m is not None:
             return parse_raw_record(line, boot_time, line_no)
+        rec = _dmesg_iso(line, line_no)
+        if rec is not None:
+            return rec
         m = _ISO.fullmatch(line)
         if m is not None:
             if m.group("tag") != "kernel":
@@ -149,24 +198,19 @@ def parse_line(
                 line=line_no,
             )
     elif line[0] in "[<":
-        m = _DMESG.fullmatch(line)
-        if m is not None:
-            uptime = float(m.group("ts"))
-            pri = m.group("pri")
-            return KernelRecord(
-                _cap(m.group("msg")),
-                None if boot_time is None else boot_time + uptime,
-                uptime,
-                level=None if pri is None else int(pri) & 7,
-                facility=None if pri is None else int(pri) >> 3,
-                fmt="dmesg",
-                line=line_no,
-            )
-        m = _DMESG_T.fullmatch(line)
-        if m is not None:
-            return KernelRecord(
-                _cap(m.group("msg")), _dmesg_t_time(m.group("ts")), fmt="dmesg-T", line=line_no
-            )
+        rec = _dmesg_body(line, boot_time, line_no)
+        if rec is not None:
+            return rec
+    elif line[0].islower():
+        m = _DECODE.fullmatch(line)
+        if m is not None and m.group("fac") in _FACILITIES and m.group("lvl") in _LEVELS:
+            rest = m.group("rest")
+            rec = _dmesg_body(rest, boot_time, line_no) or _dmesg_iso(rest, line_no)
+            if rec is None:
+                rec = KernelRecord(_cap(rest), fmt="dmesg", line=line_no)
+            rec.level = _LEVELS.index(m.group("lvl"))
+            rec.facility = _FACILITIES.index(m.group("fac"))
+            return rec
     elif line[0].isupper():
         m = _SHORT.fullmatch(line)
         if m is not None:

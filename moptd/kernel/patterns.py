@@ -27,13 +27,21 @@ _PID_NAME = re.compile(
     r"pid=(?P<pid>'<unknown>'|<unknown>|\d+)(?:, name=(?P<name>[^,]*))?(?:, (?P<msg>.*))?"
 )
 _CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d{1,6})")
+# NVLink5 (Xid 144-150): "<unit> <severity> XC<n> i<n> Link <nn> (<intrinfo> <errorstatus> ...)".
+# The driver pads the columns ("NETIR_LINK_EVT  Fatal   XC0"), a unit may name a sub-unit
+# ("TLW_RX/TLW_RX_PIPE0") and "Link -1" means the error concerns no particular link.
 _NVLINK5 = re.compile(
-    r"(?P<unit>[A-Z][A-Z0-9_]+) (?P<sev>Fatal|Nonfatal|Non-fatal|NonFatal|Link Fatal)\b"
-    r"(?: XC(?P<xc>\d+))?(?: i(?P<inst>\d+))?(?: Link (?P<link>\d+))?"
-    r"(?: \((?P<intr>0x[0-9a-fA-F]+))?"
+    r"(?P<unit>[A-Z][A-Z0-9_]{0,63}(?:/[A-Z][A-Z0-9_]{0,63}){0,3}) +"
+    r"(?P<sev>Fatal|Nonfatal|Non-fatal|NonFatal|Link Fatal)\b"
+    r"(?: +XC(?P<xc>\d{1,3}))?(?: +i(?P<inst>\d{1,3}))?(?: +Link +(?P<link>-1|\d{1,4}))?"
+    r"(?: +\((?P<intr>0x[0-9a-fA-F]{1,16})(?: +(?P<status>0x[0-9a-fA-F]{1,16}))?)?"
 )
+# Older NVLink Xid 74: "NVLink: fatal error detected on link 14(0x0, 0x0, ...)"
+_NVLINK_LINK = re.compile(r"NVLink: .{0,64}?\bon link (?P<link>\d{1,4})\b")
+# Xid 154: "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
 _RECOVERY = re.compile(
-    r"recovery action changed from \S+ \((?P<old>[^)]*)\) to \S+ \((?P<new>[^)]*)\)"
+    r"recovery action changed from (?P<old_code>0x[0-9a-fA-F]{1,8}|\d{1,8}) \((?P<old>[^)]{0,64})\)"
+    r" to (?P<new_code>0x[0-9a-fA-F]{1,8}|\d{1,8}) \((?P<new>[^)]{0,64})\)"
 )
 GPU_UUID = re.compile(
     r"NVRM: GPU at (?:PCI:)?(?P<bus>" + _BUS + r"): (?P<uuid>GPU-[0-9a-fA-F-]{8,})"
@@ -47,6 +55,24 @@ FALLEN_TAIL = re.compile(r"fallen off the bus and is not\s+responding to command
 SXID = re.compile(
     r"(?P<dev>nvidia-nvswitch\d*): SXid \((?:PCI:)?(?P<bus>" + _BUS + r")\): (?P<code>\d{1,6})"
     r"(?:, (?P<sev>Non-fatal|Fatal|Nonfatal))?(?:, (?P<msg>.*))?"
+)
+# An SXid's report is a header ("12028, Non-fatal, Link 32 egress ...") followed by lines
+# of the same device, address and code that the NVSwitch driver's _nvswitch_dump_error_entry
+# prints: "Severity <0 nonfatal|1 fatal> Engine instance NN Sub-engine instance NN" and
+# "Data {0x..., ...}". They are details of that SXid, not SXids of their own.
+_SXID_LINK = re.compile(r"Link (?P<link>\d{1,4})\b")
+SXID_SEVERITY = re.compile(
+    r"Severity (?P<level>\d{1,3}) Engine instance (?P<inst>\d{1,5})"
+    r"(?: Sub-engine instance (?P<sub>\d{1,5}))?"
+)
+SXID_DATA = re.compile(r"Data \{(?P<data>[0-9a-fA-Fx, ]{0,512})\}")
+# NVLink discovery after receiver detection failed (open-gpu-kernel-modules
+# kernel_nvlink_gh100.c, knvlinkDiscoverPostRxDetLinks / knvlinkUpdatePostRxDetectLinkMask;
+# the pattern is gpud's post_rx_detect_failure.go). The line names no GPU.
+NVLINK_RX_DETECT = re.compile(
+    r"NVRM: (?:(?P<update>knvlinkUpdatePostRxDetectLinkMask_[A-Za-z0-9_]{1,32}): Failed to "
+    r"update Rx Detect Link mask!|(?P<discover>knvlinkDiscoverPostRxDetLinks_[A-Za-z0-9_]{1,32})"
+    r": Getting peer(?P<peer>\d{1,4})(?:'s)? postRxDetLinkMask failed!)"
 )
 API_MISMATCH = re.compile(
     r"NVRM: API mismatch: the client(?: '(?P<client_name>[^']*)')?(?: \(pid (?P<pid>\d+)\))?"
@@ -104,6 +130,7 @@ PEERMEM = re.compile(
 
 MAX_UUIDS = 256
 MAX_OOM_MEMCG = 64
+MAX_SXID_OPEN = 64  # SXid headers whose follow-up lines may still come
 
 
 def _aer_severity(raw: str) -> str:
@@ -163,16 +190,61 @@ def parse_xid(line: str) -> dict[str, Any] | None:
     if nm is not None:
         fields["severity"] = _nvlink_severity(nm.group("sev"))
         fields["nvlink_unit"] = nm.group("unit")
+        if nm.group("xc") is not None:
+            fields["nvlink_xc"] = int(nm.group("xc"))
         if nm.group("link") is not None:
-            fields["link"] = int(nm.group("link"))
+            _set_link(fields, int(nm.group("link")))
         if nm.group("intr") is not None:
             fields["intrinfo"] = nm.group("intr").lower()
+        if nm.group("status") is not None:
+            fields["error_status"] = nm.group("status").lower()
+    else:
+        lm = _NVLINK_LINK.search(message)
+        if lm is not None:
+            _set_link(fields, int(lm.group("link")))
     rm = _RECOVERY.search(message)
     if rm is not None:
-        fields["recovery_action"] = rm.group("new")
+        fields["recovery_action"] = rm.group("new").strip()
+        fields["recovery_action_code"] = _number(rm.group("new_code"))
+        fields["previous_recovery_action"] = rm.group("old").strip()
+        fields["previous_recovery_action_code"] = _number(rm.group("old_code"))
     return fields
 
 
+def _number(text: str) -> int:
+    return int(text, 16) if text[:2].lower() == "0x" else int(text)
+
+
+def _set_link(fields: dict[str, Any], link: int) -> None:
+    # "Link -1": the driver names no particular link; a rule must not read it as a number
+    if link < 0:
+        fields["link"] = None
+        fields["link_scope"] = "no_particular_link"
+    else:
+        fields["link"] = link
+        fields["link_scope"] = "one_link"
+
+
+def _sxid_detail(message: str) -> dict[str, Any] | None:
+    """The fields of an SXid follow-up line, or None when the message is a header."""
+    sm = SXID_SEVERITY.match(message)
+    if sm is not None:
+        level = int(sm.group("level"))
+        # NVSWITCH_ERROR_SEVERITY_NONFATAL = 0, NVSWITCH_ERROR_SEVERITY_FATAL = 1
+        # (ctrl_dev_nvswitch.h); another number is kept but decides nothing
+        fatal = {0: False, 1: True}.get(level)
+        return {
+            "severity_level": level,
+            "fatal": fatal,
+            "severity": "" if fatal is None else ("fatal" if fatal else "nonfatal"),
+            "engine_instance": int(sm.group("inst")),
+            "subengine_instance": None if sm.group("sub") is None else int(sm.group("sub")),
+        }
+    dm = SXID_DATA.match(message)
+    if dm is not None:
+        words = [w.strip().lower() for w in dm.group("data").split(",")]
+        return {"data": [w for w in words if w]}
+    return None
 
 
 class KernelMatcher:
@@ -185,6 +257,7 @@ class KernelMatcher:
         self._recent: deque[str] = deque(maxlen=4)
         self._oom_memcg: OrderedDict[int, str] = OrderedDict()
         self._api_pending: Match | None = None
+        self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
 
     def feed(self, text: str) -> list[Match]:
         """All matches of one record (which may hold several lines)."""
@@ -211,20 +284,46 @@ class KernelMatcher:
         if "NVRM" in line:
             out.extend(self._nvrm(line))
         elif "SXid" in line:
-            m = SXID.search(line)
-            if m is not None:
-                sev = (m.group("sev") or "").lower().replace("-", "")
-                fields = {
-                    "code": int(m.group("code")),
-                    "pci_bus_id": pci_key(m.group("bus")),
-                    "device": m.group("dev"),
-                    "fatal": None if not sev else sev == "fatal",
-                    "message": (m.group("msg") or "").strip(),
-                }
-                out.append(Match("kernel.sxid", fields, line))
+            out.extend(self._sxid(line))
         else:
             out.extend(self._other(line))
         return out
+
+    def _sxid(self, line: str) -> list[Match]:
+        m = SXID.search(line)
+        if m is None:
+            return []
+        sev = (m.group("sev") or "").lower().replace("-", "")
+        message = (m.group("msg") or "").strip()
+        fields: dict[str, Any] = {
+            "code": int(m.group("code")),
+            "pci_bus_id": pci_key(m.group("bus")),
+            "device": m.group("dev"),
+            "fatal": None if not sev else sev == "fatal",
+            "severity": sev,
+            "message": message,
+            "link": None,
+        }
+        key = (fields["device"], fields["pci_bus_id"], fields["code"])
+        detail = None if sev else _sxid_detail(message)
+        if detail is None:
+            lm = _SXID_LINK.match(message)
+            if lm is not None:
+                fields["link"] = int(lm.group("link"))
+        else:
+            fields.update(detail)
+            if key in self._sxid_open:
+                # a follow-up of the SXid just reported: its details, not another SXid
+                self._sxid_open.move_to_end(key)
+                fields.pop("link")
+                return [Match("kernel.sxid_detail", fields, line)]
+            # the header was not seen (lost, or read from the middle of a report): the
+            # follow-up stands for the SXid, counted once
+        self._sxid_open[key] = None
+        self._sxid_open.move_to_end(key)
+        while len(self._sxid_open) > MAX_SXID_OPEN:
+            self._sxid_open.popitem(last=False)
+        return [Match("kernel.sxid", fields, line)]
 
     def _nvrm(self, line: str) -> list[Match]:
         self._recent.append(line)
@@ -255,6 +354,15 @@ class KernelMatcher:
                 }
                 return [Match("kernel.gpu_fallen_off_bus", fields, window[head.start() :])]
             return []
+        m = NVLINK_RX_DETECT.search(line)
+        if m is not None:
+            update = m.group("update")
+            fields = {
+                "function": update or m.group("discover"),
+                "failure": "update_link_mask" if update else "peer_link_mask",
+                "peer": None if m.group("peer") is None else int(m.group("peer")),
+            }
+            return [Match("kernel.nvlink_rx_detect_failure", fields, line)]
         m = API_MISMATCH.search(line)
         if m is not None:
             fields = {
