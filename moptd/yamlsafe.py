@@ -39,8 +39,13 @@ def check_expansion(root: yaml.Node | None, max_nodes: int = MAX_NODES) -> None:
             on_path.discard(key)
             size = 1 + sum(sizes[id(c)] for c in _children(node))
             if size > max_nodes:
+                # Post-order: every node under this one is in `sizes`, so a size beyond
+                # their count can only come from aliases.
+                aliased = size > len(sizes) + 1
                 raise YamlTooLarge(
-                    problem=f"expands to more than {max_nodes} nodes through aliases",
+                    problem=f"expands to more than {max_nodes} nodes through aliases"
+                    if aliased
+                    else f"has more than {max_nodes} nodes",
                     problem_mark=node.start_mark,
                 )
             sizes[key] = size
