@@ -223,7 +223,7 @@ def test_non_root_peer_may_read_but_not_reload(open_daemon, tmp_path):
 # --- TCP with a token ---
 
 
-def test_tcp_api_needs_the_token_for_mutations(tmp_path):
+def test_tcp_api_needs_the_token_for_every_request(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
     os.chmod(token_file, 0o600)
@@ -231,12 +231,13 @@ def test_tcp_api_needs_the_token_for_mutations(tmp_path):
     d = start(tmp_path, {"api": {"listen": f"127.0.0.1:{port}", "token_file": str(token_file)}})
     base = f"http://127.0.0.1:{port}"
     try:
-        with urllib.request.urlopen(base + "/v1/health", timeout=5) as resp:
-            assert resp.status == 200
 
-        def post(headers: dict[str, str]) -> int:
+        def call(path: str, headers: dict[str, str], method: str = "GET") -> int:
             req = urllib.request.Request(
-                base + "/v1/rules/reload", method="POST", data=b"", headers=headers
+                base + path,
+                method=method,
+                data=b"" if method == "POST" else None,
+                headers=headers,
             )
             try:
                 with urllib.request.urlopen(req, timeout=10) as resp:
@@ -247,9 +248,35 @@ def test_tcp_api_needs_the_token_for_mutations(tmp_path):
             assert body["status"] == status
             return status
 
-        assert post({}) == 401
-        assert post({"Authorization": "Bearer wrong"}) == 401
-        assert post({"Authorization": "Bearer s3cret-token"}) == 200
+        good = {"Authorization": "Bearer s3cret-token"}
+        # reads too: every local user can reach a loopback port, unlike the socket
+        assert call("/v1/health", {}) == 401
+        assert call("/v1/findings", {}) == 401
+        assert call("/v1/health", good) == 200
+        assert call("/v1/health", {"Authorization": "bearer s3cret-token"}) == 200
+        assert call("/v1/rules/reload", good, "POST") == 200
+        # a web page rebinding its name to 127.0.0.1 sends its own Host and Origin
+        assert call("/v1/health", {**good, "Host": "evil.example"}) == 403
+        assert call("/v1/health", {**good, "Origin": "http://evil.example"}) == 403
+        assert call("/v1/health", {**good, "Origin": f"http://localhost:{port}"}) == 200
+        # wrong tokens: 401 up to the burst, then 429 without comparing, for a minute
+        statuses = [call("/v1/health", {"Authorization": "Bearer wrong"}) for _ in range(8)]
+        assert statuses == [401] * 5 + [429] * 3
+        assert "wrong token from 127.0.0.1" in d.log()
+    finally:
+        d.stop()
+
+
+def test_tcp_api_without_a_token_file_answers_nothing_but_why(tmp_path):
+    port = free_port()
+    d = start(tmp_path, {"api": {"listen": f"127.0.0.1:{port}"}})
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/status")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=10)
+        assert exc.value.code == 403
+        assert "needs api.token_file" in json.loads(exc.value.read())["error"]
+        assert get(d.socket, "/v1/status")[0] == 200  # the socket is unaffected
     finally:
         d.stop()
 
@@ -373,9 +400,15 @@ def test_openapi_document_covers_every_route(daemon):
 def tcp_daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("schemathesis")
     port = free_port()
-    d = start(tmp, {"api": {"listen": f"127.0.0.1:{port}"}})
+    token_file = tmp / "token"
+    token_file.write_text(TCP_TOKEN)
+    os.chmod(token_file, 0o600)
+    d = start(tmp, {"api": {"listen": f"127.0.0.1:{port}", "token_file": str(token_file)}})
     yield d, f"http://127.0.0.1:{port}"
     d.stop()
+
+
+TCP_TOKEN = "schemathesis-token"
 
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -398,7 +431,8 @@ CHECKS = [
 @schema.exclude(path="/v1/events").parametrize()
 def test_api_conforms_to_its_openapi_document(case, tcp_daemon):
     _, base = tcp_daemon
-    case.call_and_validate(base_url=base, checks=CHECKS, timeout=30)
+    headers = {"Authorization": f"Bearer {TCP_TOKEN}"}
+    case.call_and_validate(base_url=base, checks=CHECKS, timeout=30, headers=headers)
 
 
 def test_a_corrupt_database_is_moved_aside_and_the_daemon_runs_on(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from moptd.daemon.auth import AUTH, ApiAuth
+from moptd.daemon.auth import AUTH, ApiAuth, tcp_guard
 from moptd.daemon.handlers import (
     DIAGNOSIS,
     MANAGED,
@@ -43,7 +43,7 @@ def make_api_app(
     auth: ApiAuth | None = None,
     managed: ManagedProcess | None = None,
 ) -> web.Application:
-    app = capped_app(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors])
+    app = capped_app(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors, tcp_guard])
     app[STORE] = store
     app[RUNTIME] = runtime
     app[STARTED] = started

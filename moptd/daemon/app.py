@@ -216,7 +216,9 @@ class Daemon:
         log.info("API listening on %s", sock)
         if cfg.api_listen:
             host, port = split_listen(cfg.api_listen)
-            await CappedSite(api, api_app[CAP], host=host, port=port).start()
+            # a budget of its own: a crowd on the port must not take the socket's room
+            tcp_cap = api_app[CAP].for_listener()
+            await CappedSite(api, tcp_cap, host=host, port=port).start()
             log.info("API listening on http://%s/v1/", cfg.api_listen)
 
     async def _shutdown(self) -> None:

@@ -1,9 +1,13 @@
-"""Who may change the daemon through the API.
+"""Who may read and change the daemon through the API.
 
-Reads are open to whoever can reach the socket (its mode and group decide). Mutating calls
-(rule reload, serving restart) are allowed on the Unix socket only to peers that are root,
-the daemon's own user or members of the configured group, read from the socket's peer
-credentials; on TCP only with the bearer token from the token file.
+On the Unix socket, reads are open to whoever can reach the socket (its mode and group
+decide) and mutating calls (rule reload, serving restart) to peers that are root, the
+daemon's own user or members of the configured group, read from the socket's peer
+credentials. A loopback TCP port has no such gate (every local user reaches it), so on TCP
+every request, reads too, needs the bearer token from the token file, and its Host and
+Origin headers must name a loopback address (a web page's DNS-rebinding cannot send one).
+Failed tokens are logged and, past FAILED_TOKEN_BURST a minute from one address, answered
+429 without comparing them.
 """
 
 from __future__ import annotations
@@ -16,19 +20,56 @@ import os
 import pwd
 import socket
 import struct
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from moptd.daemon.http import ApiError
+from moptd.daemon.http import ApiError, Handler
 
 log = logging.getLogger(__name__)
+
+
+FAILED_TOKEN_BURST = 5  # wrong tokens from one address in FAILED_TOKEN_WINDOW, then 429
+FAILED_TOKEN_WINDOW = 60.0
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+@dataclass(slots=True)
+class FailedTokens:
+    """Wrong-token attempts per peer address, in fixed one-minute windows."""
+
+    windows: dict[str, tuple[float, int]] = field(default_factory=dict)
+    logged: dict[str, float] = field(default_factory=dict)
+
+    def blocked(self, peer: str, now: float) -> bool:
+        start, count = self.windows.get(peer, (now, 0))
+        return now - start < FAILED_TOKEN_WINDOW and count >= FAILED_TOKEN_BURST
+
+    def record(self, peer: str, now: float) -> int:
+        start, count = self.windows.get(peer, (now, 0))
+        if now - start >= FAILED_TOKEN_WINDOW:
+            start, count = now, 0
+        self.windows[peer] = (start, count + 1)
+        if len(self.windows) > 4096:  # a bound, whatever the number of addresses
+            oldest = min(self.windows, key=lambda k: self.windows[k][0])
+            del self.windows[oldest]
+        return count + 1
+
+    def should_log(self, peer: str, now: float) -> bool:
+        if now - self.logged.get(peer, float("-inf")) < FAILED_TOKEN_WINDOW:
+            return False
+        self.logged[peer] = now
+        if len(self.logged) > 4096:
+            self.logged.pop(next(iter(self.logged)))
+        return True
 
 
 @dataclass(frozen=True, slots=True)
 class ApiAuth:
     group: str | None = None  # may call mutating endpoints on the Unix socket
-    token: str | None = None  # required for mutating endpoints on TCP
+    token: str | None = None  # required for every request on TCP
+    failed: FailedTokens = field(default_factory=FailedTokens, compare=False)
 
 
 def load_token(path: os.PathLike[str] | str | None) -> str | None:
@@ -85,17 +126,74 @@ def _peer_in_group(pid: int, uid: int, gid: int, group: str) -> bool:
     return False
 
 
-def authorise_mutation(request: web.Request) -> None:
+def _host_name(value: str) -> str:
+    """The host part of a Host header or an Origin's authority, lower-cased."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _bearer(header: str) -> str:
+    scheme, _, credentials = header.strip().partition(" ")
+    # RFC 9110 11.1: the scheme is case-insensitive ("bearer", "BEARER")
+    return credentials.strip() if scheme.lower() == "bearer" else ""
+
+
+def check_tcp_request(request: web.Request) -> None:
+    """Raise ApiError unless a TCP request names a loopback Host, comes from no foreign
+    Origin and carries the token. Unix-socket requests pass untouched."""
+    if peer_credentials(request) is not None:
+        return
     auth = request.app[AUTH]
+    host = _host_name(request.headers.get("Host", ""))
+    if host not in LOOPBACK_HOSTS:
+        raise ApiError(403, f"Host {host!r} is not a loopback name; the TCP API answers only those")
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        authority = origin.partition("://")[2] if "://" in origin else origin
+        if _host_name(authority) not in LOOPBACK_HOSTS:
+            raise ApiError(403, f"Origin {origin!r} is not this host; cross-site calls refused")
+    if not auth.token:
+        raise ApiError(
+            403,
+            "the TCP API needs api.token_file (every local user can reach a loopback port); "
+            "use the Unix socket, or configure a token",
+        )
+    peer = request.remote or "?"
+    now = time.monotonic()
+    if auth.failed.blocked(peer, now):
+        raise ApiError(
+            429, f"too many wrong tokens from {peer}; try again in a minute", retry_after=60
+        )
+    given = _bearer(request.headers.get("Authorization", ""))
+    if not given:
+        raise ApiError(401, "missing bearer token (Authorization: Bearer <api.token_file>)")
+    if not hmac.compare_digest(given.encode(), auth.token.encode()):
+        # a guess, unlike a missing header: counted, logged once a minute, then refused
+        count = auth.failed.record(peer, now)
+        if auth.failed.should_log(peer, now):
+            log.warning(
+                "TCP API: wrong token from %s (%d in this minute; after %d, 429 for a minute)",
+                peer,
+                count,
+                FAILED_TOKEN_BURST,
+            )
+        raise ApiError(401, "wrong bearer token")
+
+
+@web.middleware
+async def tcp_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    check_tcp_request(request)
+    return await handler(request)
+
+
+def authorise_mutation(request: web.Request) -> None:
     creds = peer_credentials(request)
     if creds is None:
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else ""
-        if not auth.token:
-            raise ApiError(403, "mutating calls over TCP need api.token_file configured")
-        if not hmac.compare_digest(given.encode(), auth.token.encode()):
-            raise ApiError(401, "missing or wrong bearer token")
+        check_tcp_request(request)  # the middleware did so already; kept for direct callers
         return
+    auth = request.app[AUTH]
     pid, uid, gid = creds
     if uid in (0, os.geteuid()):
         return

@@ -6,7 +6,10 @@ neither connections nor body reads: a thousand slow or silent clients took the d
 file descriptors (soft limit 1024 under systemd), and with them /metrics, the API and the
 collectors' own file reads. So: a connection without a complete request (a new one, or
 an idle kept-alive one) is closed after IDLE_TIMEOUT; a request body must arrive within
-it; and one listener holds at most MAX_CONNECTIONS (see ConnectionCap).
+it; each listener holds at most MAX_CONNECTIONS of its own (see ConnectionCap), so a crowd
+on the TCP port never takes the Unix socket's room; and one peer (a uid on the socket, an
+address on TCP) has at most MAX_PEER_BUSY requests in handlers at once (event streams),
+root excepted, so one user cannot hold every slot that eviction cannot free.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +36,7 @@ MAX_REQUEST_BYTES = 64 * 1024
 MAX_LIMIT = 10000
 IDLE_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256
+MAX_PEER_BUSY = MAX_CONNECTIONS // 4
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -165,6 +171,8 @@ class ConnectionCap:
         self.evicted = 0
         self.refused = 0
         self._busy: dict[object, int] = {}
+        self._peer_busy: dict[object, int] = {}
+        self._mine: set[object] = set()  # the connections this listener made
         self._closing: set[object] = set()
         # Made here but not yet among the server's connections: asyncio calls this factory
         # for a whole burst of accepted connections before any of them is connected, so
@@ -176,7 +184,9 @@ class ConnectionCap:
 
     def __call__(self) -> asyncio.BaseProtocol:
         assert self.server is not None, "ConnectionCap.server is set after runner.setup()"
-        conns = self.server.connections
+        # One server serves every listener of the runner; this cap counts its own.
+        self._mine &= set(self.server.connections) | self._accepting
+        conns = [h for h in self.server.connections if h in self._mine]
         live = set(conns)
         now = time.monotonic()
         self._closing &= live
@@ -187,7 +197,9 @@ class ConnectionCap:
                 log.warning(
                     "%d connections to one listener (the cap): closing the oldest idle ones "
                     "(%d so far), refusing new ones when none is idle (%d so far)",
-                    held, self.evicted, self.refused,
+                    held,
+                    self.evicted,
+                    self.refused,
                 )
             idle = (h for h in conns if h not in self._busy and h not in self._closing)
             victim = next(idle, None)
@@ -198,21 +210,50 @@ class ConnectionCap:
             self.evicted += 1
             victim.force_close()
         handler = self.server()
+        self._mine.add(handler)
         self._accepting.add(handler)
         asyncio.get_running_loop().call_soon(self._accepting.discard, handler)
         return handler
 
+    def for_listener(self) -> ConnectionCap:
+        """A cap of its own for another listener of the same app, sharing what `track`
+        knows about which connections are inside a handler."""
+        other = ConnectionCap(self.limit)
+        other._busy = self._busy
+        other._peer_busy = self._peer_busy
+        return other
+
     @web.middleware
     async def track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         proto = request.protocol
+        peer = peer_key(request)
+        if peer != ("uid", 0) and self._peer_busy.get(peer, 0) >= MAX_PEER_BUSY:
+            return error_response(
+                503, f"{MAX_PEER_BUSY} requests from this peer are already in progress"
+            )
         self._busy[proto] = self._busy.get(proto, 0) + 1
+        self._peer_busy[peer] = self._peer_busy.get(peer, 0) + 1
         try:
             return await handler(request)
         finally:
-            if self._busy[proto] <= 1:
-                del self._busy[proto]
-            else:
-                self._busy[proto] -= 1
+            _decrement(self._busy, proto)
+            _decrement(self._peer_busy, peer)
+
+
+def _decrement(counts: dict[object, int], key: object) -> None:
+    if counts[key] <= 1:
+        del counts[key]
+    else:
+        counts[key] -= 1
+
+
+def peer_key(request: web.Request) -> tuple[str, object]:
+    """("uid", n) for a Unix-socket peer (SO_PEERCRED), ("ip", address) on TCP."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None and sock.family == socket.AF_UNIX:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return ("uid", struct.unpack("3i", raw)[1])
+    return ("ip", request.remote)
 
 
 class CappedSite(web.BaseSite):
@@ -281,6 +322,4 @@ def capped_app(**kwargs: Any) -> web.Application:
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
-    return web.AppRunner(
-        app, access_log=None, keepalive_timeout=IDLE_TIMEOUT, logger=HTTP_LOG
-    )
+    return web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_TIMEOUT, logger=HTTP_LOG)
