@@ -154,8 +154,8 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
             "count(kernel.xid, 5m, colour == 1)",
             "unknown event field 'colour' (fields: "
             "caused_by, cmdline, code, compute_instance, container, diagnoses, gpu_instance, "
-            "incident, link, message, mnemonic, nvlink_unit, pci_bus_id, pid, pod_uid, process, "
-            "recovery_action, severity, user, uuid)",
+            "incident, link, message, mnemonic, nvlink_unit, pci_bus_id, pid, plan, pod_uid, "
+            "process, recovery_action, severity, user, uuid)",
         ),
         ('last(gpu.util, reason="x")', "gpu.util has no label 'reason' (labels: none)"),
         ("last(collector.success)", 'collector.success needs collector="NAME"'),

@@ -22,6 +22,7 @@ _XID_FIELDS = (
     "incident",
     "mnemonic",
     "diagnoses",
+    "plan",
     "recovery_action",
     "nvlink_unit",
     "link",
@@ -41,7 +42,8 @@ SIGNALS = [
         "kernel.xid",
         "gpu",
         "An NVRM Xid line. Subject gpu:<index> when the PCI address maps to a known GPU, "
-        "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal).",
+        "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal); "
+        "plan is the Xid catalog's plan for the line (moptd/kernel/xid_catalog.yaml).",
         _XID_FIELDS,
     ),
     _ev(
@@ -49,6 +51,13 @@ SIGNALS = [
         "gpu",
         "The driver's 'fallen off the bus' message without an Xid (single- or multi-line).",
         ("pci_bus_id", "pci_id", "uuid"),
+    ),
+    _ev(
+        "kernel.gpu_init_failed",
+        "gpu",
+        "NVRM 'GPU <bus>: RmInitAdapter failed!': the driver could not initialise that one "
+        "GPU (the module itself loaded). Subject as for kernel.xid.",
+        ("module", "reason", "pci_bus_id", "uuid"),
     ),
     _ev(
         "kernel.sxid",
@@ -67,7 +76,8 @@ SIGNALS = [
         "kernel.module_load_failure",
         "node",
         "An NVIDIA kernel module failed to load or initialise (unknown symbol, version "
-        "magic, probe or RmInitAdapter failure).",
+        "magic, probe failure, or an RmInitAdapter failure that names no GPU); module names "
+        "it (nvidia, nvidia_fs, nvidia_peermem, ...).",
         ("module", "reason", "pci_bus_id"),
     ),
     _ev(
@@ -86,19 +96,20 @@ SIGNALS = [
         "kernel.pcie_aer",
         "node",
         "A PCIe AER error report; severity corrected, nonfatal or fatal; gpu set when the "
-        "device is a known GPU.",
+        "device is a known GPU. Evidence only: no rule reads it (docs/xid.md).",
         ("pci_bus_id", "severity", "type", "gpu"),
     ),
     _ev(
         "kernel.nccl_segfault",
         "node",
-        "A process segfaulted inside libnccl.",
+        "A process segfaulted inside libnccl. Evidence only: no rule reads it (docs/xid.md).",
         ("pid", "process", "library", "container", "user", "cmdline"),
     ),
     _ev(
         "kernel.peermem_error",
         "node",
-        "An nvidia-peermem (GPUDirect RDMA) error line.",
+        "An nvidia-peermem (GPUDirect RDMA) error line. Evidence only: no rule reads it "
+        "(docs/xid.md).",
         ("message",),
     ),
     # --- kernel-log counters ---
@@ -254,7 +265,8 @@ SIGNALS = [
         "driver.fabricmanager_running",
         "gauge",
         "bool",
-        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist.",
+        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist. "
+        "Evidence only: no rule reads it (docs/xid.md).",
         "node",
         "moptd_driver_fabricmanager_running",
     ),
