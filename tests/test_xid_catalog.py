@@ -282,9 +282,9 @@ def test_every_bucket_is_explained_in_words():
         for bucket in (info.immediate_action, info.investigatory_action):
             if bucket:
                 text = describe_bucket(bucket)
-                assert text.startswith(f"{bucket} ("), bucket
+                assert text.startswith(f"{bucket} - "), bucket
                 assert len(text) > len(bucket) + 20, bucket
-    assert describe_bucket("RESTART_BM").startswith("RESTART_BM (restart the bare-metal machine")
+    assert describe_bucket("RESTART_BM").startswith("RESTART_BM - restart the bare-metal machine")
     assert describe_bucket("NOT_A_BUCKET") == "NOT_A_BUCKET"
     assert describe_bucket(None) == ""
 

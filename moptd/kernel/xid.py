@@ -381,8 +381,8 @@ def plan_for(code: int, fields: Mapping[str, object]) -> str:
 
 
 def describe_bucket(bucket: str | None) -> str:
-    """NVIDIA's bucket name with what it asks for, in words: ``RESTART_BM (restart ...)``."""
+    """NVIDIA's bucket name with what it asks for, in words: ``RESTART_BM - restart ...``."""
     if not bucket:
         return ""
     text = full_catalog().buckets.get(bucket)
-    return f"{bucket} ({text})" if text else bucket
+    return f"{bucket} - {text}" if text else bucket
