@@ -346,3 +346,69 @@ def test_malformed_plans_name_file_line_and_key(doc, message):
     with pytest.raises(XidCatalogError, match=message) as info:
         parse_catalog(text, "cat.yaml")
     assert str(info.value).startswith("cat.yaml:")
+
+
+_TEXT = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["none", "p", "q", 3]),
+        st.one_of(
+            _TEXT,
+            st.dictionaries(
+                st.sampled_from(
+                    ["diagnosis", "severity", "nvidia", "actions", "rules", "source", "x"]
+                ),
+                st.one_of(
+                    _TEXT,
+                    st.sampled_from(["GPU_LOST", "critical", "warning"]),
+                    st.lists(
+                        st.one_of(
+                            _TEXT,
+                            st.dictionaries(
+                                st.sampled_from(["kind", "command", "instruction"]),
+                                st.one_of(_TEXT, st.sampled_from(["inspect", "reset_gpu"])),
+                                max_size=3,
+                            ),
+                        ),
+                        max_size=3,
+                    ),
+                ),
+                max_size=7,
+            ),
+        ),
+        max_size=4,
+    ),
+    st.one_of(_TEXT, st.dictionaries(st.text(max_size=6), _TEXT, max_size=3)),
+    st.lists(
+        st.dictionaries(st.sampled_from(["field", "equals", "plan"]), _TEXT, max_size=3),
+        max_size=3,
+    ),
+)
+def test_random_plans_buckets_and_variants_only_raise_catalog_errors(plan_doc, buckets, variants):
+    doc = {
+        "buckets": buckets,
+        "plans": plan_doc,
+        "xids": [_entry(plan="p", variants=variants, diagnoses=["GPU_LOST"])],
+    }
+    message = "x.yaml:"
+    try:
+        parse_catalog(yaml.safe_dump(doc), "x.yaml")
+    except XidCatalogError as exc:
+        message = str(exc)
+    assert message.startswith("x.yaml:")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=-5, max_value=300),
+    st.dictionaries(
+        st.sampled_from(["severity", "recovery_action", "link", "code"]),
+        st.one_of(st.none(), st.integers(), st.text(max_size=40)),
+        max_size=4,
+    ),
+)
+def test_plan_for_any_line_is_a_known_plan(code, fields):
+    assert plan_for(code, fields) in plans()
