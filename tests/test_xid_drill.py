@@ -21,7 +21,7 @@ from moptd.diagnose.loader import default_rules_dir, load_rules
 from moptd.diagnose.model import Finding, RuleSet
 from moptd.kernel.attribution import records_to_events
 from moptd.kernel.logparse import parse_kernel_log
-from moptd.observations import Event
+from moptd.observations import Batch, Event
 from moptd.store import SignalStore
 from tests.conftest import REPO
 
@@ -48,8 +48,6 @@ def firing(log: str, gpus: Mapping[str, int] | None = None) -> list[Finding]:
     clock = VirtualClock(T0)
     store = SignalStore(clock=clock)
     for bus, index in (gpus or {}).items():
-        from moptd.observations import Batch
-
         batch = Batch()
         batch.describe(f"gpu:{index}", pci_bus_id=bus)
         store.ingest("test", batch, T0)
