@@ -131,12 +131,14 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
         (
             "__import__('os')",
             "unknown function '__import__' (functions: last, lowest, highest, "
-            "avg, min, max, increase, rate, slope, changes, quantile, count, present, absent, abs)",
+            "avg, min, max, increase, rate, slope, changes, quantile, count, latest, present, "
+            "absent, abs)",
         ),
         (
             "open('/etc/passwd')",
             "unknown function 'open' (functions: last, lowest, highest, avg, "
-            "min, max, increase, rate, slope, changes, quantile, count, present, absent, abs)",
+            "min, max, increase, rate, slope, changes, quantile, count, latest, present, absent, "
+            "abs)",
         ),
         ("gpu.util[0]", "Subscript is not allowed in a condition"),
         ("[x for x in [1]]", "ListComp is not allowed in a condition"),
@@ -152,8 +154,8 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
             "count(kernel.xid, 5m, colour == 1)",
             "unknown event field 'colour' (fields: "
             "caused_by, cmdline, code, compute_instance, container, diagnoses, gpu_instance, "
-            "incident, link, message, mnemonic, nvlink_unit, pci_bus_id, pid, pod_uid, process, "
-            "recovery_action, severity, user, uuid)",
+            "incident, link, message, mnemonic, nvlink_unit, pci_bus_id, pid, plan, pod_uid, "
+            "process, recovery_action, severity, user, uuid)",
         ),
         ('last(gpu.util, reason="x")', "gpu.util has no label 'reason' (labels: none)"),
         ("last(collector.success)", 'collector.success needs collector="NAME"'),
@@ -263,3 +265,41 @@ def test_series_notation_examples() -> None:
     assert expand_values("_x2 4-1x2") == [None, None, None, 4, 3, 2]
     with pytest.raises(ValueError, match="bad series value 'x'"):
         expand_values("x")
+
+
+def test_latest_is_the_newest_matching_events_field(store: SignalStore) -> None:
+    store.add_events(
+        [
+            Event(
+                "kernel.xid", "gpu:0", 120.0, {"code": 154, "recovery_action": "GPU Reset Required"}
+            ),
+            Event("kernel.xid", "gpu:0", 130.0, {"code": 154, "recovery_action": "None"}),
+            Event("kernel.xid", "gpu:1", 140.0, {"code": 154, "recovery_action": "Node Reboot"}),
+        ]
+    )
+    assert run('latest(kernel.xid, 10m, "recovery_action", code == 154)', store) == "None"
+    # before the later line, the earlier one is the newest; another GPU's line never counts
+    assert (
+        run('latest(kernel.xid, 10m, "recovery_action")', store, now=125.0) == "GPU Reset Required"
+    )
+    assert run('latest(kernel.xid, 10m, "code")', store) == 154.0
+    # nothing in the window, or a field the line did not print: unknown
+    assert run('latest(kernel.xid, 1m, "code", code == 13)', store) is None
+    assert run('latest(kernel.xid, 10m, "link", code == 79)', store) is None
+    assert run('latest(kernel.xid, 10m, "code")', store, missing=frozenset({"kernel"})) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("latest(kernel.xid, 5m)", 'latest(STREAM, WINDOW, "FIELD"[, CONDITION]) takes three'),
+        ("latest(kernel.xid, 5m, code)", 'latest() names its field as a string, e.g. "link"'),
+        ('latest(kernel.xid, 5m, "colour")', "kernel.xid has no field 'colour' (fields: code,"),
+        ('latest(gpu.util, 5m, "code")', "gpu.util is a gauge"),
+        ('latest(kernel.xid, 5m, "code", colour == 1)', "unknown event field 'colour'"),
+    ],
+)
+def test_latest_errors_at_load(text: str, message: str) -> None:
+    with pytest.raises(ExprError) as info:
+        compile_gpu(text)
+    assert info.value.message.startswith(message), info.value.message

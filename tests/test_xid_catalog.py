@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -9,12 +11,17 @@ from hypothesis import strategies as st
 
 from moptd.diagnose.codes import CODES
 from moptd.kernel.xid import (
+    ACTION_KINDS,
     CATALOG_PATH,
+    SEVERITIES,
     XID_DIAGNOSES,
     XidCatalogError,
     catalog,
+    describe_bucket,
     load_catalog,
     parse_catalog,
+    plan_for,
+    plans,
     xid_info,
 )
 
@@ -163,3 +170,245 @@ def test_random_text_only_raises_catalog_errors(text):
     except XidCatalogError as exc:
         message = str(exc)
     assert message.startswith("x.yaml")
+
+
+# --- plans: moptd's action per class of Xid, and the rules that carry them ---------------
+
+
+def _branches() -> dict[str, object]:
+    from moptd.diagnose.loader import default_rules_dir, load_rules
+
+    loaded = load_rules([default_rules_dir()])
+    assert not loaded.errors
+    out: dict[str, object] = {}
+    for rule in loaded.ruleset.rules:
+        stack = [(b, f"{rule.id}/{b.id}") for b in rule.branches]
+        while stack:
+            b, path = stack.pop()
+            out[path] = b
+            stack.extend((c, f"{path}/{c.id}") for c in b.children)
+    return out
+
+
+def test_rules_take_their_actions_from_the_plans():
+    branches = _branches()
+    for plan in plans().values():
+        for path in plan.rules:
+            branch = branches.get(path)
+            assert branch is not None, f"plan {plan.name}: no rule branch {path}"
+            v = branch.verdict  # type: ignore[attr-defined]
+            assert v is not None, path
+            assert (v.code, v.severity) == (plan.diagnosis, plan.severity), path
+            got = [(a.kind, a.text, a.is_command) for a in v.actions]
+            want = [(a.kind, a.text, a.is_command) for a in plan.actions]
+            assert got == want, f"{path} does not carry plan {plan.name}'s actions"
+
+
+def test_every_branch_that_selects_a_plan_is_listed_by_it():
+    listed = {path: p.name for p in plans().values() for path in p.rules}
+    for path, branch in _branches().items():
+        cond = branch.cond  # type: ignore[attr-defined]
+        text = "" if cond is None else cond.text
+        for name in re.findall(r'plan == "(\w+)"', text):
+            assert name in plans(), f"{path}: no plan {name!r}"
+            assert listed.get(path) == name, f"{path} selects {name} but the plan omits it"
+
+
+def test_plan_kinds_and_severities_are_the_engines():
+    from moptd.diagnose.codes import SEVERITIES as CODE_SEVERITIES
+    from moptd.diagnose.model import ACTION_KINDS as MODEL_KINDS
+
+    assert ACTION_KINDS == MODEL_KINDS
+    assert SEVERITIES == CODE_SEVERITIES
+    for p in plans().values():
+        if p.diagnosis is not None:
+            assert p.diagnosis in CODES
+
+
+@pytest.mark.parametrize(
+    ("code", "fields", "plan"),
+    [
+        # NVIDIA: WORKFLOW_XID_48 / RESET_GPU: drain, reset, RMA (never RESTART_APP)
+        (48, {}, "drain_reset_rma"),
+        (95, {}, "drain_reset_rma"),
+        (140, {}, "drain_reset_rma"),
+        # contained to one context: RESTART_APP
+        (94, {}, "contained_ecc"),
+        (13, {}, "restart_app"),
+        (63, {}, "remap_pending"),
+        (64, {}, "remap_failure"),
+        (74, {}, "nvlink_reset"),
+        (79, {}, "gpu_lost"),
+        (119, {}, "gsp_reset"),
+        (62, {}, "reset_gpu"),
+        # NVLink5: the line's severity word decides
+        (144, {"severity": "nonfatal"}, "nvlink5_nonfatal"),
+        (145, {"severity": "fatal"}, "nvlink5_fatal"),
+        (149, {"severity": "link_fatal"}, "nvlink5_fatal"),
+        (150, {"severity": ""}, "nvlink5_fatal"),
+        # Xid 154: the new recovery action decides
+        (154, {"recovery_action": "GPU Reset Required"}, "reset_gpu"),
+        (154, {"recovery_action": "Drain and Reset"}, "reset_gpu"),
+        (154, {"recovery_action": "Node Reboot Required"}, "reboot_node"),
+        (154, {"recovery_action": " node  reboot REQUIRED"}, "reboot_node"),
+        (154, {"recovery_action": "None"}, "none"),
+        (154, {"recovery_action": "Drain P2P"}, "none"),
+        (154, {"recovery_action": "Recover IMEX Domain"}, "recovery_check"),
+        (154, {}, "recovery_check"),
+        # no action of moptd's own, or a code newer than the catalog
+        (93, {}, "none"),
+        (9999, {"severity": "fatal"}, "none"),
+    ],
+)
+def test_plan_for_each_class(code, fields, plan):
+    assert plan_for(code, fields) == plan
+
+
+def test_reboot_plan_reboots_and_never_resets_first():
+    kinds = [a.kind for a in plans()["reboot_node"].actions]
+    assert kinds[:2] == ["drain_node", "reboot_node"]
+    assert "reset_gpu" not in kinds
+    ecc = [a.kind for a in plans()["drain_reset_rma"].actions]
+    assert ecc == ["drain_node", "reset_gpu", "replace_hardware"]
+    assert "restart_serving" not in ecc
+    nonfatal = [a.kind for a in plans()["nvlink5_nonfatal"].actions]
+    assert "reset_gpu" not in nonfatal
+    assert "drain_node" not in nonfatal
+    assert plans()["none"].actions == ()
+
+
+def test_every_bucket_is_explained_in_words():
+    for info in catalog().values():
+        for bucket in (info.immediate_action, info.investigatory_action):
+            if bucket:
+                text = describe_bucket(bucket)
+                assert text.startswith(f"{bucket} - "), bucket
+                assert len(text) > len(bucket) + 20, bucket
+    assert describe_bucket("RESTART_BM").startswith("RESTART_BM - restart the bare-metal machine")
+    assert describe_bucket("NOT_A_BUCKET") == "NOT_A_BUCKET"
+    assert describe_bucket(None) == ""
+
+
+_PLAN_OK = {
+    "none": {"nvidia": "IGNORE", "source": "s"},
+    "p": {
+        "diagnosis": "GPU_LOST",
+        "severity": "critical",
+        "nvidia": "RESTART_BM",
+        "actions": [{"kind": "reboot_node", "command": "systemctl reboot"}],
+        "rules": ["gpu-lost/xid79"],
+        "source": "s",
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"plans": {"p": _PLAN_OK["p"]}}, r"plans: expected a mapping with 'none'"),
+        (
+            {"plans": {**_PLAN_OK, "p": {**_PLAN_OK["p"], "colour": 1}}},
+            r"plans\.p\.colour: unknown",
+        ),
+        (
+            {"plans": {**_PLAN_OK, "p": {**_PLAN_OK["p"], "diagnosis": "NOPE"}}},
+            r"plans\.p\.diagnosis: 'NOPE' is not a diagnosis code",
+        ),
+        (
+            {"plans": {**_PLAN_OK, "p": {**_PLAN_OK["p"], "actions": [{"kind": "pray"}]}}},
+            r"plans\.p\.actions: \[0\]\.kind: expected one of",
+        ),
+        (
+            {"plans": {**_PLAN_OK, "p": {**_PLAN_OK["p"], "severity": "dire"}}},
+            r"plans\.p\.severity: expected one of",
+        ),
+        ({"plans": _PLAN_OK, "xids": [_entry(plan="q")]}, r"xids\[0\]\.plan: 'q' is not one of"),
+        (
+            {"plans": _PLAN_OK, "xids": [_entry(plan="p")]},
+            r"xids\[0\]\.plan: plan 'p' leads to GPU_LOST, which is not in its diagnoses",
+        ),
+        (
+            {
+                "plans": _PLAN_OK,
+                "xids": [_entry(variants=[{"field": "colour", "equals": "x", "plan": "none"}])],
+            },
+            r"xids\[0\]\.variants: \[0\]\.field: 'colour' is not one of",
+        ),
+        (
+            {"buckets": {"RESTART_BM": "power-cycle"}, "xids": [_entry()]},
+            r"xids\[0\]\.immediate_action: bucket 'IGNORE' is not explained",
+        ),
+        ({"colour": 1, "xids": []}, r"colour: unknown key"),
+    ],
+)
+def test_malformed_plans_name_file_line_and_key(doc, message):
+    text = yaml.safe_dump({"xids": [], **doc}, sort_keys=False)
+    with pytest.raises(XidCatalogError, match=message) as info:
+        parse_catalog(text, "cat.yaml")
+    assert str(info.value).startswith("cat.yaml:")
+
+
+_TEXT = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["none", "p", "q", 3]),
+        st.one_of(
+            _TEXT,
+            st.dictionaries(
+                st.sampled_from(
+                    ["diagnosis", "severity", "nvidia", "actions", "rules", "source", "x"]
+                ),
+                st.one_of(
+                    _TEXT,
+                    st.sampled_from(["GPU_LOST", "critical", "warning"]),
+                    st.lists(
+                        st.one_of(
+                            _TEXT,
+                            st.dictionaries(
+                                st.sampled_from(["kind", "command", "instruction"]),
+                                st.one_of(_TEXT, st.sampled_from(["inspect", "reset_gpu"])),
+                                max_size=3,
+                            ),
+                        ),
+                        max_size=3,
+                    ),
+                ),
+                max_size=7,
+            ),
+        ),
+        max_size=4,
+    ),
+    st.one_of(_TEXT, st.dictionaries(st.text(max_size=6), _TEXT, max_size=3)),
+    st.lists(
+        st.dictionaries(st.sampled_from(["field", "equals", "plan"]), _TEXT, max_size=3),
+        max_size=3,
+    ),
+)
+def test_random_plans_buckets_and_variants_only_raise_catalog_errors(plan_doc, buckets, variants):
+    doc = {
+        "buckets": buckets,
+        "plans": plan_doc,
+        "xids": [_entry(plan="p", variants=variants, diagnoses=["GPU_LOST"])],
+    }
+    message = "x.yaml:"
+    try:
+        parse_catalog(yaml.safe_dump(doc), "x.yaml")
+    except XidCatalogError as exc:
+        message = str(exc)
+    assert message.startswith("x.yaml:")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=-5, max_value=300),
+    st.dictionaries(
+        st.sampled_from(["severity", "recovery_action", "link", "code"]),
+        st.one_of(st.none(), st.integers(), st.text(max_size=40)),
+        max_size=4,
+    ),
+)
+def test_plan_for_any_line_is_a_known_plan(code, fields):
+    assert plan_for(code, fields) in plans()

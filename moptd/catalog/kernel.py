@@ -22,6 +22,7 @@ _XID_FIELDS = (
     "incident",
     "mnemonic",
     "diagnoses",
+    "plan",
     "recovery_action",
     "recovery_action_code",
     "previous_recovery_action",
@@ -50,7 +51,8 @@ SIGNALS = [
         "An NVRM Xid line. Subject gpu:<index> when the PCI address maps to a known GPU, "
         "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal); "
         "link_scope is one_link, or no_particular_link (the line says Link -1, link is "
-        "None); recovery_action_code (Xid 154) is NVML's 0 none .. 4 drain and reset.",
+        "None); recovery_action_code (Xid 154) is NVML's 0 none .. 4 drain and reset; "
+        "plan is the Xid catalog's plan for the line (moptd/kernel/xid_catalog.yaml).",
         _XID_FIELDS,
     ),
     _ev(
@@ -58,6 +60,13 @@ SIGNALS = [
         "gpu",
         "The driver's 'fallen off the bus' message without an Xid (single- or multi-line).",
         ("pci_bus_id", "pci_id", "uuid"),
+    ),
+    _ev(
+        "kernel.gpu_init_failed",
+        "gpu",
+        "NVRM 'GPU <bus>: RmInitAdapter failed!': the driver could not initialise that one "
+        "GPU (the module itself loaded). Subject as for kernel.xid.",
+        ("module", "reason", "pci_bus_id", "uuid"),
     ),
     _ev(
         "kernel.sxid",
@@ -115,7 +124,8 @@ SIGNALS = [
         "kernel.module_load_failure",
         "node",
         "An NVIDIA kernel module failed to load or initialise (unknown symbol, version "
-        "magic, probe or RmInitAdapter failure).",
+        "magic, probe failure, or an RmInitAdapter failure that names no GPU); module names "
+        "it (nvidia, nvidia_fs, nvidia_peermem, ...).",
         ("module", "reason", "pci_bus_id"),
     ),
     _ev(
@@ -134,19 +144,20 @@ SIGNALS = [
         "kernel.pcie_aer",
         "node",
         "A PCIe AER error report; severity corrected, nonfatal or fatal; gpu set when the "
-        "device is a known GPU.",
+        "device is a known GPU. Evidence only: no rule reads it (docs/xid.md).",
         ("pci_bus_id", "severity", "type", "gpu"),
     ),
     _ev(
         "kernel.nccl_segfault",
         "node",
-        "A process segfaulted inside libnccl.",
+        "A process segfaulted inside libnccl. Evidence only: no rule reads it (docs/xid.md).",
         ("pid", "process", "library", "container", "user", "cmdline"),
     ),
     _ev(
         "kernel.peermem_error",
         "node",
-        "An nvidia-peermem (GPUDirect RDMA) error line.",
+        "An nvidia-peermem (GPUDirect RDMA) error line. Evidence only: no rule reads it "
+        "(docs/xid.md).",
         ("message",),
     ),
     # --- kernel-log counters ---
@@ -302,7 +313,8 @@ SIGNALS = [
         "driver.fabricmanager_running",
         "gauge",
         "bool",
-        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist.",
+        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist. "
+        "Evidence only: no rule reads it (docs/xid.md).",
         "node",
         "moptd_driver_fabricmanager_running",
     ),

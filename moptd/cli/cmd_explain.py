@@ -256,14 +256,19 @@ def enrich(f: dict[str, Any]) -> dict[str, Any]:
     if not codes:
         return f
     try:
-        from moptd.kernel.xid import xid_info
+        from moptd.kernel.xid import describe_bucket, xid_info
     except ImportError:
         return f
     actions = []
     for code in codes:
         info = xid_info(code)
+        # NVIDIA's bucket names (RESTART_BM, WORKFLOW_XID_48) mean nothing at 3 a.m.: in words
         if info.immediate_action:
-            actions.append(f"Xid {code} ({info.mnemonic}): {info.immediate_action}")
+            actions.append(
+                f"Xid {code} ({info.mnemonic}): {describe_bucket(info.immediate_action)}"
+            )
         if info.investigatory_action:
-            actions.append(f"Xid {code}, then investigate: {info.investigatory_action}")
+            actions.append(
+                f"Xid {code}, then investigate: {describe_bucket(info.investigatory_action)}"
+            )
     return {**f, "nvidia_actions": actions}

@@ -96,6 +96,22 @@ CODES: dict[str, Code] = {
             "62/119/120 and kin)"
         ),
     ),
+    "GPU_INIT_FAILED": Code(
+        "hardware",
+        "critical",
+        (
+            'the driver failed to initialise one GPU (NVRM "RmInitAdapter failed", GPU absent '
+            "from NVML) while the module is loaded and other GPUs work"
+        ),
+    ),
+    "NVSWITCH_FATAL_ERROR": Code(
+        "hardware",
+        "critical",
+        (
+            "an NVSwitch reports a fatal SXid (nvidia-nvswitchN: SXid ...): NVLink traffic "
+            "through it stalls; drain, then reset GPUs and switches"
+        ),
+    ),
     "DRIVER_NOT_LOADED": Code(
         "driver",
         "critical",
@@ -140,6 +156,14 @@ CODES: dict[str, Code] = {
         "driver",
         "warning",
         "Xid 13, 31, 43, 45 and kin: a process faulted on the GPU; the GPU itself is fine",
+    ),
+    "AUX_MODULE_LOAD_FAILURE": Code(
+        "driver",
+        "warning",
+        (
+            "a companion module (nvidia-fs, nvidia-peermem, nv_peer_mem, gdrdrv) fails to load "
+            "while nvidia.ko works: GPUDirect Storage/RDMA unavailable"
+        ),
     ),
     "CONTAINER_RUNTIME_NOT_CONFIGURED": Code(
         "container",

@@ -40,6 +40,7 @@ FUNCTIONS = (
     *WINDOW_FUNCS,
     "quantile",
     "count",
+    "latest",
     "present",
     "absent",
     "abs",
@@ -471,6 +472,8 @@ class Compiler:
             return lambda env: _abs(inner(env))
         if fname == "count":
             return self._count(node, st)
+        if fname == "latest":
+            return self._latest(node, st)
         q = 0.0
         if fname == "quantile":
             if (
@@ -530,6 +533,55 @@ class Compiler:
             else:
                 got = sliding.count(env, env.store.events(stream)) if INCREMENTAL_COUNT else None
                 result = plain(env) if got is None else got
+            if env.trace is not None:
+                env.trace.append((label, result))
+            if env.reads is not None:
+                env.reads.append((run, result))
+            return result
+
+        return run
+
+    def _latest(self, node: ast.Call, st: _State) -> Compiled:
+        """latest(STREAM, WINDOW, "FIELD"[, CONDITION]): that field of the newest event in
+        the window (for which CONDITION holds), or unknown. What a summary names (the
+        NVLink a line reports) or what the last of several lines said (Xid 154's recovery
+        action, which a later line can take back)."""
+        args = node.args
+        if len(args) not in (3, 4) or node.keywords:
+            raise self._err(
+                'latest(STREAM, WINDOW, "FIELD"[, CONDITION]) takes three or four arguments',
+                node,
+            )
+        spec = self._signal(args[0], st, event=True)
+        window = self._window(args[1], st)
+        name_node = args[2]
+        if not (isinstance(name_node, ast.Constant) and isinstance(name_node.value, str)):
+            raise self._err('latest() names its field as a string, e.g. "link"', name_node)
+        wanted = name_node.value
+        if wanted not in spec.fields:
+            known = ", ".join(spec.fields) or "none"
+            raise self._err(f"{spec.name} has no field {wanted!r} (fields: {known})", name_node)
+        where: Compiled | None = None
+        if len(args) == 4:
+            inner = _State(st.src, st.durations, fields=set(spec.fields), depth_of=st.depth_of)
+            where = self._node(args[3], inner)
+        label = st.label(node)
+        stream, namespace = spec.name, spec.name.split(".", 1)[0]
+        per_subject = spec.subject == self.scope and self.scope != "node"
+
+        def run(env: Env) -> object:
+            result: object = None
+            if namespace not in env.missing:
+                for ev in reversed(env.store.events(stream).since(env.now - window)):
+                    if ev.t > env.now:
+                        continue
+                    if per_subject and not _same_subject(ev, env):
+                        continue
+                    if where is not None and not _where_holds(where, env, ev):
+                        continue
+                    value = _field(ev.fields.get(wanted))
+                    result = None if value == "" else value
+                    break
             if env.trace is not None:
                 env.trace.append((label, result))
             if env.reads is not None:

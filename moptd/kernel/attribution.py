@@ -14,12 +14,12 @@ from typing import Any
 from moptd.kernel.incidents import IncidentTracker
 from moptd.kernel.logparse import KernelRecord
 from moptd.kernel.patterns import KernelMatcher, Match
-from moptd.kernel.xid import xid_info
+from moptd.kernel.xid import plan_for, xid_info
 from moptd.observations import NODE, Event, gpu_subject
 from moptd.proc.info import process_info
 from moptd.proc.pci import pci_key
 
-_GPU_STREAMS = frozenset({"kernel.xid", "kernel.gpu_fallen_off_bus"})
+_GPU_STREAMS = frozenset({"kernel.xid", "kernel.gpu_fallen_off_bus", "kernel.gpu_init_failed"})
 
 
 class Attributor:
@@ -59,7 +59,11 @@ class Attributor:
         fields: dict[str, Any] = dict(m.fields)
         subject = NODE
         bus = str(fields.get("pci_bus_id") or "")
-        if m.stream in _GPU_STREAMS:
+        stream = m.stream
+        if stream == "kernel.module_load_failure" and bus:
+            # "NVRM: GPU <bus>: RmInitAdapter failed!": that one GPU, not the module.
+            stream = "kernel.gpu_init_failed"
+        if stream in _GPU_STREAMS:
             subject = self.gpu_subject_for(bus)
             fields["uuid"] = self.uuid_for(bus)
         elif bus and bus in self.gpu_index_by_bus:
@@ -72,12 +76,13 @@ class Attributor:
             info = xid_info(code)
             fields["mnemonic"] = info.mnemonic
             fields["diagnoses"] = list(info.diagnoses)
+            fields["plan"] = plan_for(code, fields)
             fields.setdefault("container", "")
             caused_by = fields.get("caused_by")
             fields["incident"] = self.incidents.assign(
                 subject, known_t, code, caused_by if isinstance(caused_by, int) else None
             )
-        return Event(m.stream, subject, t, fields, m.text)
+        return Event(stream, subject, t, fields, m.text)
 
     def _attribute_process(self, fields: dict[str, Any], pid: int) -> None:
         if self.procfs is None:

@@ -1,7 +1,12 @@
 """The Xid catalog (xid_catalog.yaml), loaded and validated once.
 
 The catalog is data so that a reviewer can check it against NVIDIA's table line by line
-and so that a site can see, in one file, where moptd departs from other tools.
+and so that a site can see, in one file, where moptd departs from other tools. Besides one
+entry per Xid it holds NVIDIA's resolution buckets in words (``buckets``) and moptd's
+plans (``plans``): per class of Xid, the finding and the actions in order. An entry names
+its plan, and the plan a parsed field of the line chooses instead (``variants``); the
+kernel collector puts the chosen plan on each ``kernel.xid`` event, and rules select their
+branch by it.
 """
 
 from __future__ import annotations
@@ -50,11 +55,38 @@ LAYERS = frozenset(
     }
 )
 _REQUIRED = ("code", "mnemonic", "meaning", "immediate_action", "investigatory_action", "layer")
-_OPTIONAL = ("diagnoses", "notes")
+_OPTIONAL = ("diagnoses", "notes", "plan", "variants")
+_TOP = ("source", "buckets", "plans", "xids")
+# The action kinds of moptd/diagnose/model.py (the kernel layer may not import it; a test
+# keeps the two equal) and the severities of moptd/diagnose/codes.py.
+ACTION_KINDS = (
+    "inspect",
+    "restart_serving",
+    "reset_gpu",
+    "reboot_node",
+    "drain_node",
+    "replace_hardware",
+    "update_software",
+    "change_config",
+)
+SEVERITIES = ("info", "warning", "critical")
+# The parsed fields of an Xid line a variant may key on (moptd/kernel/patterns.py).
+VARIANT_FIELDS = ("severity", "recovery_action")
+NO_PLAN = "none"
+_PLAN_KEYS = ("diagnosis", "severity", "nvidia", "actions", "rules", "source")
 
 
 class XidCatalogError(ValueError):
     """The catalog file is malformed; the message names the file, line and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """When the line's ``field`` reads ``equals`` (case and spacing aside), ``plan``."""
+
+    field: str
+    equals: str
+    plan: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +99,35 @@ class XidInfo:
     layer: str
     diagnoses: tuple[str, ...] = ()
     notes: str = ""
+    plan: str = NO_PLAN
+    variants: tuple[Variant, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PlanAction:
+    kind: str
+    text: str  # a command to paste, or an instruction
+    is_command: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """moptd's answer to a class of Xid: the finding and what to do, in order."""
+
+    name: str
+    diagnosis: str | None  # None: no finding
+    severity: str | None
+    nvidia: str  # the buckets of NVIDIA's catalog the plan answers
+    actions: tuple[PlanAction, ...]
+    rules: tuple[str, ...]  # "rule-id/branch-id" whose verdicts must equal this plan
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    xids: Mapping[int, XidInfo]
+    plans: Mapping[str, Plan]
+    buckets: Mapping[str, str]
 
 
 def unknown_xid(code: int) -> XidInfo:
@@ -74,22 +135,38 @@ def unknown_xid(code: int) -> XidInfo:
     return XidInfo(code, "UNKNOWN", f"Xid {code} (not in moptd's catalog)", None, None, "unknown")
 
 
-def _lines(node: yaml.Node) -> dict[int, tuple[int, dict[str, int]]]:
-    """Entry index -> (line of the entry, line of each key), for error messages."""
-    out: dict[int, tuple[int, dict[str, int]]] = {}
+def _norm(value: object) -> str:
+    return " ".join(str(value).split()).lower()
+
+
+def _lines(node: yaml.Node, section: str = "xids") -> dict[object, tuple[int, dict[str, int]]]:
+    """Entry index (``xids``) or name (``plans``, ``buckets``) -> (line of the entry, line
+    of each of its keys), for error messages; "" -> the section's own line."""
+    out: dict[object, tuple[int, dict[str, int]]] = {}
     if not isinstance(node, yaml.MappingNode):
         return out
     for key, value in node.value:
-        if key.value == "xids" and isinstance(value, yaml.SequenceNode):
-            for i, item in enumerate(value.value):
-                keys = {}
-                if isinstance(item, yaml.MappingNode):
-                    keys = {str(k.value): k.start_mark.line + 1 for k, _ in item.value}
-                out[i] = (item.start_mark.line + 1, keys)
+        if key.value != section:
+            continue
+        out[""] = (key.start_mark.line + 1, {})
+        items: list[tuple[object, yaml.Node]] = []
+        if isinstance(value, yaml.SequenceNode):
+            items = list(enumerate(value.value))
+        elif isinstance(value, yaml.MappingNode):
+            items = [(str(k.value), v) for k, v in value.value]
+        for ident, item in items:
+            keys = {}
+            if isinstance(item, yaml.MappingNode):
+                keys = {str(k.value): k.start_mark.line + 1 for k, _ in item.value}
+            out[ident] = (item.start_mark.line + 1, keys)
     return out
 
 
 def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidInfo]:
+    return dict(parse_full(text, source).xids)
+
+
+def parse_full(text: str, source: str = "xid_catalog.yaml") -> Catalog:
     try:
         root = yamlsafe.compose(text)
         data = yamlsafe.load(text)
@@ -100,10 +177,19 @@ def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidI
         raise XidCatalogError(f"{source}{where}: not valid YAML: {problem}") from None
     if not isinstance(data, Mapping) or not isinstance(data.get("xids"), list):
         raise XidCatalogError(f"{source}:1: expected a mapping with a list under 'xids'")
-    lines = _lines(root) if root is not None else {}
+    top = _lines(root, "xids") if root is not None else {}
+    for key in data:
+        if key not in _TOP:
+            raise XidCatalogError(f"{source}:1: {key}: unknown key (keys: {', '.join(_TOP)})")
+    buckets = _parse_buckets(data.get("buckets", {}), root, source)
+    plans = (
+        _parse_plans(data["plans"], root, source)
+        if "plans" in data
+        else {NO_PLAN: Plan(NO_PLAN, None, None, "", (), (), "")}
+    )
     out: dict[int, XidInfo] = {}
     for i, entry in enumerate(data["xids"]):
-        line, keys = lines.get(i, (0, {}))
+        line, keys = top.get(i, (0, {}))
 
         def fail(
             key: str, problem: str, i: int = i, line: int = line, keys: dict[str, int] = keys
@@ -129,6 +215,8 @@ def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidI
         for key in ("immediate_action", "investigatory_action"):
             if entry[key] is not None and not isinstance(entry[key], str):
                 fail(key, "expected a string or null")
+            if buckets and entry[key] is not None and entry[key] not in buckets:
+                fail(key, f"bucket {entry[key]!r} is not explained under 'buckets'")
         if entry["layer"] not in LAYERS:
             fail("layer", f"{entry['layer']!r} is not one of {sorted(LAYERS)}")
         diagnoses: Any = entry.get("diagnoses", [])
@@ -140,6 +228,14 @@ def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidI
         notes = entry.get("notes", "")
         if not isinstance(notes, str):
             fail("notes", "expected a string")
+        plan = entry.get("plan", NO_PLAN)
+        if plan not in plans:
+            fail("plan", f"{plan!r} is not one of the plans ({', '.join(plans)})")
+        variants = _variants(entry.get("variants", []), plans, fail)
+        for name in (plan, *(v.plan for v in variants)):
+            wanted = plans[name].diagnosis
+            if wanted is not None and wanted not in diagnoses:
+                fail("plan", f"plan {name!r} leads to {wanted}, which is not in its diagnoses")
         out[code] = XidInfo(
             code,
             entry["mnemonic"],
@@ -149,6 +245,103 @@ def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidI
             entry["layer"],
             tuple(diagnoses),
             notes,
+            plan,
+            variants,
+        )
+    return Catalog(out, plans, buckets)
+
+
+def _variants(raw: Any, plans: Mapping[str, Plan], fail: Any) -> tuple[Variant, ...]:
+    if not isinstance(raw, list):
+        fail("variants", "expected a list of {field, equals, plan}")
+    out: list[Variant] = []
+    v: Any
+    for j, v in enumerate(raw):
+        if not isinstance(v, Mapping) or set(v) != {"field", "equals", "plan"}:
+            fail("variants", f"[{j}]: expected exactly field, equals and plan")
+        if v["field"] not in VARIANT_FIELDS:
+            fail("variants", f"[{j}].field: {v['field']!r} is not one of {list(VARIANT_FIELDS)}")
+        if not isinstance(v["equals"], str) or not v["equals"].strip():
+            fail("variants", f"[{j}].equals: expected a non-empty string")
+        if v["plan"] not in plans:
+            fail("variants", f"[{j}].plan: {v['plan']!r} is not one of the plans")
+        out.append(Variant(str(v["field"]), _norm(v["equals"]), str(v["plan"])))
+    return tuple(out)
+
+
+def _parse_buckets(raw: object, root: yaml.Node | None, source: str) -> dict[str, str]:
+    lines = _lines(root, "buckets") if root is not None else {}
+    if not isinstance(raw, Mapping):
+        raise XidCatalogError(f"{source}:{lines.get('', (1, {}))[0]}: buckets: expected a mapping")
+    out: dict[str, str] = {}
+    for name, text in raw.items():
+        if not isinstance(name, str) or not isinstance(text, str) or not text.strip():
+            line = lines.get(str(name), (1, {}))[0]
+            raise XidCatalogError(f"{source}:{line}: buckets.{name}: expected a sentence")
+        out[name] = text.strip()
+    return out
+
+
+def _parse_plans(raw: object, root: yaml.Node | None, source: str) -> dict[str, Plan]:
+    lines = _lines(root, "plans") if root is not None else {}
+    if not isinstance(raw, Mapping) or NO_PLAN not in raw:
+        line = lines.get("", (1, {}))[0]
+        raise XidCatalogError(f"{source}:{line}: plans: expected a mapping with '{NO_PLAN}'")
+    out: dict[str, Plan] = {}
+    for name, body in raw.items():
+        line, keys = lines.get(str(name), (1, {}))
+
+        def fail(
+            key: str,
+            problem: str,
+            name: object = name,
+            line: int = line,
+            keys: dict[str, int] = keys,
+        ) -> None:
+            raise XidCatalogError(f"{source}:{keys.get(key, line)}: plans.{name}.{key}: {problem}")
+
+        if not isinstance(body, Mapping):
+            raise XidCatalogError(f"{source}:{line}: plans.{name}: expected a mapping")
+        for key in body:
+            if key not in _PLAN_KEYS:
+                fail(str(key), "unknown key")
+        diagnosis = body.get("diagnosis")
+        if diagnosis is not None and diagnosis not in XID_DIAGNOSES:
+            fail("diagnosis", f"{diagnosis!r} is not a diagnosis code an Xid can lead to")
+        if (diagnosis is None) != (name == NO_PLAN):
+            fail("diagnosis", f"every plan but '{NO_PLAN}' leads to a diagnosis")
+        severity = body.get("severity")
+        if (severity is None) != (diagnosis is None) or (
+            severity is not None and severity not in SEVERITIES
+        ):
+            fail("severity", f"expected one of {list(SEVERITIES)} with a diagnosis")
+        for key in ("nvidia", "source"):
+            if not isinstance(body.get(key), str) or not body[key].strip():
+                fail(key, "expected a non-empty string")
+        actions: list[PlanAction] = []
+        raw_actions = body.get("actions", [])
+        if not isinstance(raw_actions, list) or (diagnosis is not None and not raw_actions):
+            fail("actions", "expected a list of {kind, command|instruction}")
+        for j, a in enumerate(raw_actions):
+            if not isinstance(a, Mapping) or a.get("kind") not in ACTION_KINDS:
+                fail("actions", f"[{j}].kind: expected one of {list(ACTION_KINDS)}")
+            texts = [k for k in ("command", "instruction") if k in a]
+            if len(texts) != 1 or set(a) != {"kind", texts[0]} or not isinstance(a[texts[0]], str):
+                fail("actions", f"[{j}]: expected kind and one of command or instruction")
+            actions.append(PlanAction(a["kind"], a[texts[0]], texts[0] == "command"))
+        rules = body.get("rules", [])
+        if not isinstance(rules, list) or not all(
+            isinstance(r, str) and r.count("/") == 1 for r in rules
+        ):
+            fail("rules", "expected a list of rule-id/branch-id")
+        out[str(name)] = Plan(
+            str(name),
+            diagnosis,
+            severity,
+            body["nvidia"].strip(),
+            tuple(actions),
+            tuple(rules),
+            body["source"].strip(),
         )
     return out
 
@@ -158,9 +351,38 @@ def load_catalog(path: Path = CATALOG_PATH) -> dict[int, XidInfo]:
 
 
 @functools.cache
+def full_catalog() -> Catalog:
+    return parse_full(CATALOG_PATH.read_text(encoding="utf-8"), str(CATALOG_PATH))
+
+
 def catalog() -> Mapping[int, XidInfo]:
-    return load_catalog()
+    return full_catalog().xids
+
+
+def plans() -> Mapping[str, Plan]:
+    return full_catalog().plans
 
 
 def xid_info(code: int) -> XidInfo:
     return catalog().get(code) or unknown_xid(code)
+
+
+def plan_for(code: int, fields: Mapping[str, object]) -> str:
+    """The plan for one Xid line: the first variant whose field the line printed with that
+    value, else the entry's own plan; a code newer than the catalog has none."""
+    info = catalog().get(code)
+    if info is None:
+        return NO_PLAN
+    for v in info.variants:
+        value = fields.get(v.field)
+        if value is not None and value != "" and _norm(value) == v.equals:
+            return v.plan
+    return info.plan
+
+
+def describe_bucket(bucket: str | None) -> str:
+    """NVIDIA's bucket name with what it asks for, in words: ``RESTART_BM - restart ...``."""
+    if not bucket:
+        return ""
+    text = full_catalog().buckets.get(bucket)
+    return f"{bucket} - {text}" if text else bucket
