@@ -102,8 +102,8 @@ class Diagnosis:
         self._task: asyncio.Task[None] | None = None
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.ticks = 0
-        self.event_ticks = 0  # evaluations that events asked for (within `ticks`)
-        self._newest_event = -math.inf  # the latest event time seen (the rule clock's time)
+        self.event_ticks = 0  # evaluations that events (or a reload) asked for, in `ticks`
+        self._ahead: float | None = None  # the latest event time still ahead of the clock
 
     # --- lifecycle ---
 
@@ -149,17 +149,20 @@ class Diagnosis:
 
     def _on_events(self, events: list[Event]) -> None:
         self.db.record_events(events)
-        self._newest_event = max(self._newest_event, max(ev.t for ev in events))
+        latest = max(ev.t for ev in events)
+        if latest > self.rules.clock.now():
+            self._ahead = latest if self._ahead is None else max(self._ahead, latest)
         self._wake.set()
 
-    def _deadline(self, loop_now: float) -> float:
+    def _deadline(self, loop_now: float) -> tuple[float, bool]:
         """When to evaluate if no event comes: the next point of the interval's grid, or
-        sooner when an event's time is still ahead of the rule clock (its count starts then)."""
-        deadline = next_on_grid(loop_now, self.interval)
-        ahead = self._newest_event - self.rules.clock.now()
-        if ahead > 0:
-            deadline = min(deadline, loop_now + ahead + AHEAD_MARGIN)
-        return deadline
+        sooner when an event's time is still ahead of the rule clock (its count starts
+        then); and whether it is that sooner time."""
+        grid = next_on_grid(loop_now, self.interval)
+        if self._ahead is None:
+            return grid, False
+        at = loop_now + max(0.0, self._ahead - self.rules.clock.now()) + AHEAD_MARGIN
+        return (at, True) if at < grid else (grid, False)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -167,9 +170,10 @@ class Diagnosis:
         last_event_tick = -math.inf  # loop time of the last evaluation an event asked for
         while True:
             woken = False
+            deadline, for_ahead = self._deadline(loop.time())
             with contextlib.suppress(TimeoutError):
                 # on the collectors' grid: one wake-up of the loop a second, not several
-                async with asyncio.timeout_at(self._deadline(loop.time())):
+                async with asyncio.timeout_at(deadline):
                     await self._wake.wait()
                     woken = True
             if woken:
@@ -179,11 +183,17 @@ class Diagnosis:
                     await asyncio.sleep(rest)
                 last_event_tick = loop.time()
                 self.event_ticks += 1
+            elif for_ahead:
+                # One evaluation at an event's own time, then the grid again (a clock that
+                # does not move, as in a test, must not make this a busy loop).
+                self._ahead = None
             self._wake.clear()
             try:
                 self.tick()
             except Exception:
                 log.exception("rule evaluation failed")
+            if self._ahead is not None and self._ahead <= self.rules.clock.now():
+                self._ahead = None  # that evaluation counted it
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self.prune_interval
                 self.db.prune()
