@@ -71,10 +71,10 @@ class CollectorRuntime:
         """For collectors that push events as they arrive (kernel log, NVML Xid thread, the
         managed process's log). What arrives now happened no later than now, so a time ahead
         of the store's clock is taken back to now. The kernel stamps a record with its own
-        clock (local_clock), which drifts from CLOCK_MONOTONIC: 1.9 ms ahead of it on the CPU
-        VM after three hours up, more after weeks. A record from the "future" is left out of
-        every count() until the clock reaches its time, so the evaluation its arrival asked
-        for missed it and the finding waited for a later rule tick."""
+        clock (local_clock), which NTP does not steer as it steers CLOCK_MONOTONIC: the stamp
+        was 1.9 ms ahead of the write on the CPU VM. A record from the "future" is left out
+        of every count() until the clock reaches its time, so the evaluation its arrival
+        asked for missed it and the finding waited for a later rule tick."""
         now = self.store.clock.now()
         self.store.add_events([ev if ev.t <= now else replace(ev, t=now) for ev in events])
 
