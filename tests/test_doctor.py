@@ -16,21 +16,30 @@ import yaml
 from moptd.cli.cmd_doctor import Check, can_rw, device_nodes_check, worst
 from tests.conftest import FIXTURES
 
+NO_SWAP = FIXTURES / "h200/meminfo"  # the H200 host: SwapTotal 0 kB
+WITH_SWAP = FIXTURES / "meminfo/rhel6_2g_ram_1g_swap"  # SwapTotal 1048572 kB
 
-def procfs_tree(tmp: Path, swappiness: str) -> Path:
+
+def procfs_tree(tmp: Path, swappiness: str, meminfo: Path = NO_SWAP) -> Path:
     proc = tmp / "proc"
     (proc / "sys/vm").mkdir(parents=True)
-    shutil.copy(FIXTURES / "h200/meminfo", proc / "meminfo")
+    shutil.copy(meminfo, proc / "meminfo")
     shutil.copy("/proc/stat", proc / "stat")  # the real file: the collector needs one
     (proc / "sys/vm/swappiness").write_text(swappiness + "\n")
     return proc
 
 
-def doctor(tmp: Path, swappiness: str = "1", serving: dict | None = None):
+def doctor(
+    tmp: Path,
+    swappiness: str = "1",
+    serving: dict | None = None,
+    meminfo: Path = NO_SWAP,
+    procfs: Path | None = None,
+):
     config = {
         "state_dir": str(tmp / "state"),
         "api": {"socket": str(tmp / "api.sock")},
-        "paths": {"procfs": str(procfs_tree(tmp, swappiness))},
+        "paths": {"procfs": str(procfs or procfs_tree(tmp, swappiness, meminfo))},
         "host": {"watch_paths": [str(tmp)]},
         "collectors": {
             name: {"enabled": False}
@@ -63,11 +72,37 @@ def test_healthy_host_exits_0(tmp_path):
 
 
 def test_high_swappiness_is_a_warning_exit_1(tmp_path):
-    code, body, _ = doctor(tmp_path, swappiness="60")
+    code, body, _ = doctor(tmp_path, swappiness="60", meminfo=WITH_SWAP)
     assert code == 1
     swap = next(c for c in body["checks"] if c["name"] == "vm.swappiness")
     assert swap["status"] == "warning"
     assert "60" in swap["detail"]
+
+
+def test_swappiness_on_a_host_without_swap_is_no_warning(tmp_path):
+    # The H200 host's meminfo: SwapTotal 0 kB. With no swap the kernel cannot swap anonymous
+    # memory out, so the setting changes nothing there.
+    code, body, out = doctor(tmp_path, swappiness="60", meminfo=NO_SWAP)
+    assert code == 0, out.stdout + out.stderr
+    swap = next(c for c in body["checks"] if c["name"] == "vm.swappiness")
+    assert swap["status"] == "ok"
+    assert "60" in swap["detail"]
+    assert "no swap" in swap["detail"]
+    assert swap["code"] == ""
+
+
+def test_swappiness_check_on_the_real_proc(tmp_path):
+    meminfo = Path("/proc/meminfo").read_text()
+    swap_kb = int(next(ln.split()[1] for ln in meminfo.splitlines() if ln.startswith("SwapTotal:")))
+    swappiness = int(Path("/proc/sys/vm/swappiness").read_text())
+    _, body, out = doctor(tmp_path, procfs=Path("/proc"))
+    swap = next(c for c in body["checks"] if c["name"] == "vm.swappiness")
+    if swap_kb == 0:
+        assert swap["status"] == "ok", out.stdout
+        assert "no swap" in swap["detail"]
+    else:
+        assert swap["status"] == ("warning" if swappiness > 10 else "ok"), out.stdout
+    assert str(swappiness) in swap["detail"]
 
 
 def test_serving_port_taken_is_critical_exit_2(tmp_path):
@@ -127,7 +162,7 @@ def test_bad_serving_configuration_is_critical_not_a_traceback(tmp_path):
 
 
 def test_plain_checklist_output(tmp_path):
-    doctor(tmp_path, swappiness="60")
+    doctor(tmp_path, swappiness="60", meminfo=WITH_SWAP)
     out = subprocess.run(
         [sys.executable, "-m", "moptd", "doctor", "--config", str(tmp_path / "moptd.yaml")],
         capture_output=True,

@@ -342,8 +342,9 @@ SIGNALS += [
     ),
     _e(
         "hang",
-        "A hang symptom in the log: watchdog stack dump, shm_broadcast wait, NCCL or RPC timeout.",
-        ("kind", "seconds"),
+        "A hang symptom in the log: watchdog stack dump, shm_broadcast wait, NCCL or RPC timeout; "
+        "phase loading when printed while the engine was still starting, else serving.",
+        ("kind", "seconds", "phase"),
     ),
     _e(
         "startup_error",
@@ -356,7 +357,12 @@ SIGNALS += [
         "The start-up KV-cache capacity line.",
         ("tokens", "max_concurrency", "tokens_per_request"),
     ),
-    _e("lifecycle", "The server started listening (kind server_started).", ("kind",)),
+    _e(
+        "lifecycle",
+        "The server's phase from its log: kind loading (weights, compilation, profiling), "
+        "server_started (listening) or shutdown_requested.",
+        ("kind",),
+    ),
     _e("version", "The engine version the log announced.", ("version",)),
     _e(
         "process_exit",

@@ -137,8 +137,20 @@ def finding_checks(store: Any, rule_paths: Sequence[Path]) -> list[Check]:
 def host_checks(store: Any, config: Any) -> list[Check]:
     out: list[Check] = []
     swappiness = store.latest("node.swappiness", "node")
+    swap_total = store.latest("node.swap_total", "node")
     if swappiness is None:
         out.append(Check("vm.swappiness", "skipped", "not readable"))
+    elif swap_total == 0:
+        # With no swap device the kernel cannot swap anonymous memory out, whatever the
+        # setting: it only weighs anonymous against file pages when there is swap to use.
+        out.append(
+            Check(
+                "vm.swappiness",
+                "ok",
+                f"{swappiness:.0f}, no swap configured (SwapTotal 0): it has no effect; "
+                f"set it to {SWAPPINESS_MAX} or less before adding swap",
+            )
+        )
     elif float(swappiness) > SWAPPINESS_MAX:
         out.append(
             Check(

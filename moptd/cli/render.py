@@ -7,7 +7,10 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from moptd.proc.pci import normalize_pci
 
 _HEALTH_STYLE = {"ok": "green", "unavailable": "yellow", "failed": "bold red", "pending": "dim"}
 
@@ -44,7 +47,11 @@ def print_status(view: dict[str, Any]) -> None:
     console = _console()
     if view.get("note"):
         console.print(f"[yellow]{view['note']}[/yellow]")
-    gpus = view.get("gpus", [])
+    # A subject named by a PCI address, not an NVML index, comes only from kernel lines:
+    # NVML does not describe that GPU, which may be the one that fell off the bus.
+    all_gpus = view.get("gpus", [])
+    gpus = [g for g in all_gpus if str(g.get("index", "")).isdigit()]
+    kernel_only = [g for g in all_gpus if not str(g.get("index", "")).isdigit()]
     if gpus:
         t = Table(title="GPUs", title_justify="left")
         for col in (
@@ -94,6 +101,7 @@ def print_status(view: dict[str, Any]) -> None:
         console.print(t)
     else:
         console.print("GPUs: none seen (see the nvml collector below)")
+    _print_kernel_only(console, kernel_only, gpus)
     node = view.get("node", {})
     if node:
         console.print(
@@ -118,6 +126,34 @@ def print_status(view: dict[str, Any]) -> None:
             c.get("reason") or "",
         )
     console.print(t)
+
+
+def _print_kernel_only(
+    console: Console, kernel_only: list[dict[str, Any]], gpus: list[dict[str, Any]]
+) -> None:
+    """GPUs that kernel lines name but NVML does not list, as a note under the table: a
+    row of "-" would hide the GPU most likely to be in trouble."""
+    if not kernel_only:
+        return
+    index_by_pci = {
+        normalize_pci(str(g.get("pci_bus_id") or "")): g["index"]
+        for g in gpus
+        if g.get("pci_bus_id")
+    }
+    console.print(
+        "[bold yellow]Seen only in the kernel log[/] (NVML does not list them: a GPU that "
+        "fell off the bus, or NVML is not answering; `moptd explain` says what the lines "
+        "mean):"
+    )
+    for g in kernel_only:
+        bus = str(g.get("pci_bus_id") or g.get("index") or "?")
+        parts = [f"PCI {bus}"]
+        if g.get("uuid"):
+            parts.append(str(g["uuid"]))
+        known = index_by_pci.get(normalize_pci(bus))
+        if known is not None:
+            parts.append(f"(GPU {known} in NVML has this address)")
+        console.print("  " + escape("  ".join(parts)))
 
 
 def _yes(flag: Any) -> str:

@@ -1,8 +1,11 @@
 """The daemon's diagnosis loop: tick the rules, persist what changed, tell listeners.
 
 It joins the rule service (moptd.diagnose) to the findings database and the API's event
-stream. Rules are evaluated every `interval` and at once when an event arrives, so an Xid
-written to the kernel log shows as a finding within a second.
+stream. Rules are evaluated every `interval` and when an event arrives, so an Xid written
+to the kernel log shows as a finding within milliseconds, whatever the interval. That
+evaluation is the whole rule set, but the engine's reuse (moptd.diagnose.engine.Reuse)
+walks again only the rules whose reads changed: in effect, the rules the event can change.
+A burst of events costs one evaluation per EVENT_GAP, not one per slice of records.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +32,14 @@ log = logging.getLogger(__name__)
 
 STORE_SIGNAL = "findings.store_ok"
 SUBSCRIBER_QUEUE = 256
+# Least time between two evaluations that events asked for. The first event after a quiet
+# spell is evaluated at once; a flood of kernel records (parsed and published in slices)
+# costs at most 1 / EVENT_GAP evaluations a second instead of one per slice, and the
+# finding of a record inside a burst waits EVENT_GAP at most.
+EVENT_GAP = 0.05
+# An event whose time is still ahead of the clock (a log line's own stamp) is counted by the
+# rules only from that time on: the evaluation it asks for waits until then, and this long.
+AHEAD_MARGIN = 0.001
 
 
 def steps_of(result: Result | None) -> list[dict[str, Any]]:
@@ -90,6 +102,8 @@ class Diagnosis:
         self._task: asyncio.Task[None] | None = None
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.ticks = 0
+        self.event_ticks = 0  # evaluations that events (or a reload) asked for, in `ticks`
+        self._ahead: float | None = None  # the latest event time still ahead of the clock
 
     # --- lifecycle ---
 
@@ -135,21 +149,51 @@ class Diagnosis:
 
     def _on_events(self, events: list[Event]) -> None:
         self.db.record_events(events)
+        latest = max(ev.t for ev in events)
+        if latest > self.rules.clock.now():
+            self._ahead = latest if self._ahead is None else max(self._ahead, latest)
         self._wake.set()
+
+    def _deadline(self, loop_now: float) -> tuple[float, bool]:
+        """When to evaluate if no event comes: the next point of the interval's grid, or
+        sooner when an event's time is still ahead of the rule clock (its count starts
+        then); and whether it is that sooner time."""
+        grid = next_on_grid(loop_now, self.interval)
+        if self._ahead is None:
+            return grid, False
+        at = loop_now + max(0.0, self._ahead - self.rules.clock.now()) + AHEAD_MARGIN
+        return (at, True) if at < grid else (grid, False)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + 60.0
+        last_event_tick = -math.inf  # loop time of the last evaluation an event asked for
         while True:
+            woken = False
+            deadline, for_ahead = self._deadline(loop.time())
             with contextlib.suppress(TimeoutError):
                 # on the collectors' grid: one wake-up of the loop a second, not several
-                async with asyncio.timeout_at(next_on_grid(loop.time(), self.interval)):
+                async with asyncio.timeout_at(deadline):
                     await self._wake.wait()
+                    woken = True
+            if woken:
+                # Bursts coalesce: the events that arrive meanwhile join this evaluation.
+                rest = last_event_tick + EVENT_GAP - loop.time()
+                if rest > 0:
+                    await asyncio.sleep(rest)
+                last_event_tick = loop.time()
+                self.event_ticks += 1
+            elif for_ahead:
+                # One evaluation at an event's own time, then the grid again (a clock that
+                # does not move, as in a test, must not make this a busy loop).
+                self._ahead = None
             self._wake.clear()
             try:
                 self.tick()
             except Exception:
                 log.exception("rule evaluation failed")
+            if self._ahead is not None and self._ahead <= self.rules.clock.now():
+                self._ahead = None  # that evaluation counted it
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self.prune_interval
                 self.db.prune()

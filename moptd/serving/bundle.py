@@ -124,7 +124,7 @@ def _read_log(
         state.update(rec, t)
         if rec.stream == "serving.engine_dead" and state.shutting_down:
             continue
-        out.events.append(Event(rec.stream, subject, t, rec.fields, line[:1000]))
+        out.events.append(Event(rec.stream, subject, t, state.event_fields(rec), line[:1000]))
     return state
 
 

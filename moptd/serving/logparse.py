@@ -143,6 +143,29 @@ def _started(msg: str) -> LogRecord | None:
     return None
 
 
+# Lines vLLM prints only while its engine starts (the weights, torch.compile, the profiling
+# and warm-up run). Meanwhile the engine core waits on its shared-memory queue for workers
+# that are busy, and says so every 60 s ("No available shared memory broadcast block"):
+# during start-up that is no hang.
+_LOADING = (
+    "Starting to load model",
+    "Loading weights took",
+    "Model loading took",
+    "Dynamo bytecode transform time",
+    "Compiling a graph for",
+    "torch.compile took",
+    "torch.compile takes",
+    "Initial profiling/warmup run took",
+    "init engine (profile, create kv cache, warmup model) took",
+)
+
+
+def _loading(msg: str) -> LogRecord | None:
+    if any(needle in msg for needle in _LOADING):
+        return LogRecord("serving.lifecycle", {"kind": "loading"})
+    return None
+
+
 def _version(msg: str) -> LogRecord | None:
     m = _VERSION.search(msg)
     if m is None:
@@ -171,6 +194,13 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("Starting vLLM server", _started),
     ("startup complete", _started),
     ("shutdown", _started),
+    ("load model", _loading),
+    ("oading", _loading),
+    ("Dynamo bytecode", _loading),
+    ("Compiling a graph", _loading),
+    ("torch.compile t", _loading),
+    ("profiling/warmup", _loading),
+    ("init engine", _loading),
     ("version", _version),
 )
 
@@ -198,6 +228,10 @@ class LogState:
     version: str = ""
     started: bool = False
     shutting_down: bool = False  # a requested stop is under way: engine-death lines are noise
+    # The log shows the engine starting (loading, compiling, profiling) and it has neither
+    # said it listens nor reported a stats line since. Unknown (a log followed from its
+    # middle) reads as serving.
+    loading: bool = False
     last_stats: dict[str, object] = field(default_factory=dict)
     last_stats_t: float | None = None
 
@@ -213,10 +247,21 @@ class LogState:
         elif rec.stream == "serving.version" and not self.version:
             self.version = str(f["version"])
         elif rec.stream == "serving.lifecycle":
-            if f.get("kind") == "shutdown_requested":
+            kind = f.get("kind")
+            if kind == "shutdown_requested":
                 self.shutting_down = True
+            elif kind == "loading":
+                self.loading = True
             else:
-                self.started, self.shutting_down = True, False
+                self.started, self.shutting_down, self.loading = True, False, False
         elif rec.stream == "serving.log_stats":
             self.last_stats = dict(f)
             self.last_stats_t = t
+            self.loading = False  # an engine that reports its throughput is serving
+
+    def event_fields(self, rec: LogRecord) -> dict[str, object]:
+        """The fields of the event a record becomes, after `update(rec)`: a hang line
+        says whether the engine was still starting when it was printed (phase)."""
+        if rec.stream == "serving.hang":
+            return {**rec.fields, "phase": "loading" if self.loading else "serving"}
+        return dict(rec.fields)

@@ -75,7 +75,7 @@ def log_events(
         state.update(rec, now)
         if rec.stream == "serving.engine_dead" and stopping(state):
             continue
-        events.append(Event(rec.stream, subject, now, rec.fields, line[:1000]))
+        events.append(Event(rec.stream, subject, now, state.event_fields(rec), line[:1000]))
     return events
 
 
