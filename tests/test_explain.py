@@ -337,7 +337,7 @@ def test_gpu_lost_compact_golden():
     f = annotate(enrich(GPU_LOST), load_ruleset([default_rules_dir()]))
     text = render({"time": 1795969586.0, "notes": [], "findings": [f]})
     check_golden("explain_gpu_lost_compact.txt", text)
-    assert text.startswith("1 problem: 1 critical, 0 warning, 0 info\n")
+    assert text.startswith("1 problem: 1 critical, 0 warning, 0 info (--verbose: ")
     assert "Decision path (rule" not in text
     assert "NVIDIA recommends" not in text
     assert "unknown" not in text  # the undecided nvml-lost branch is for --verbose

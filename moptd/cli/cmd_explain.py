@@ -257,7 +257,22 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         "notes": notes,
         "findings": findings,
         "time": steps[-1] if steps else time.time(),
+        "gpus": bundle_gpus(tl),
     }
+
+
+def bundle_gpus(tl: Any) -> list[dict[str, Any]]:
+    """The GPUs a bundle describes (index, UUID, bus id), as the daemon's view lists them:
+    explain names a GPU by all three, and a SUBJECT may be any of them."""
+    attrs: dict[str, dict[str, str]] = {}
+    for _, _, batch in tl.observations:
+        for subject, described in batch.attrs.items():
+            if subject.startswith("gpu:"):
+                attrs.setdefault(subject, {}).update(described)
+    return [
+        {"subject": subject, **{k: a[k] for k in ("index", "uuid", "pci_bus_id") if a.get(k)}}
+        for subject, a in sorted(attrs.items())
+    ]
 
 
 # --- related findings and NVIDIA's actions ---

@@ -93,9 +93,10 @@ def where_line(inc: Incident, gpus: Sequence[dict[str, Any]]) -> str:
         for f in inc.group:
             ident = _gpu_identity(f, gpus)
             label = str(f.get("subject"))
-            if ident.get("pci_bus_id") and ident["pci_bus_id"] not in label:
-                label += f" {ident['pci_bus_id']}"
-                more = True
+            for k in ("pci_bus_id", "uuid"):
+                if ident.get(k) and ident[k] not in label:
+                    label += f" {ident[k]}"
+                    more = True
             ids.append(label)
         if more:
             parts.append(", ".join(ids))
@@ -215,7 +216,8 @@ def incident_block(
         _field(console, "where:", where, soft)
     evidence = evidence_line(f, inc.group)
     if evidence:
-        _field(console, "evidence:", evidence, soft)
+        # on a terminal one line, cut at its width (--verbose has every line whole); piped whole
+        _field(console, "evidence:", evidence, soft, cut=not soft)
     for label, text in action_lines(f):
         _field(console, label, text, True)  # a command is never wrapped
     for c in inc.consequences:
@@ -228,14 +230,17 @@ def incident_block(
         _field(console, "runbook:", str(f["runbook_command"]), True, style="dim")
     elif f.get("runbook"):
         _field(console, "runbook:", str(f["runbook"]), True, style="dim")
-    console.print()
 
 
-def _field(console: Console, label: str, text: str, soft: bool, style: str = "") -> None:
+def _field(
+    console: Console, label: str, text: str, soft: bool, style: str = "", cut: bool = False
+) -> None:
     line = Text("   ")
     if label:
         line.append(label + " ", style="bold")
     line.append(text, style=style)
+    if cut:
+        line.truncate(console.width, overflow="ellipsis")
     console.print(line, soft_wrap=soft)
 
 
@@ -265,6 +270,7 @@ def header(
         line.append(f"; {firing} firing, {n - firing} resolved")
     if len(incidents) != n:
         line.append(f"; in {plural(len(incidents), 'block')} below, causes first")
+    line.append(" (--verbose: decision paths, all evidence and steps)", style="dim")
     console.print(line, soft_wrap=soft)
     gpus = sorted({str(f["subject"]) for f in findings if str(f.get("subject")).startswith("gpu:")})
     serving = sorted(

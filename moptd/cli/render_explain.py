@@ -162,11 +162,9 @@ def print_explain(
     gpus = list(view.get("gpus") or [])
     if not verbose:
         for n, inc in enumerate(ordered, 1):
+            if n > 1:
+                console.print()
             incident_block(n, inc, now, gpus, console)
-        console.print(
-            Text("Decision paths, all evidence and all steps: add --verbose.", style="dim"),
-            soft_wrap=soft,
-        )
         return
     first = True
     for inc in ordered:
