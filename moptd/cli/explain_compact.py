@@ -256,7 +256,10 @@ def _subjects(subjects: list[str]) -> str:
 
 
 def header(
-    incidents: Sequence[Incident], findings: Sequence[dict[str, Any]], console: Console
+    incidents: Sequence[Incident],
+    findings: Sequence[dict[str, Any]],
+    console: Console,
+    verbose: bool = False,
 ) -> None:
     soft = not console.is_terminal
     n = len(findings)
@@ -270,7 +273,8 @@ def header(
         line.append(f"; {firing} firing, {n - firing} resolved")
     if len(incidents) != n:
         line.append(f"; in {plural(len(incidents), 'block')} below, causes first")
-    line.append(" (--verbose: decision paths, all evidence and steps)", style="dim")
+    if not verbose:
+        line.append(" (--verbose: decision paths, all evidence and steps)", style="dim")
     console.print(line, soft_wrap=soft)
     gpus = sorted({str(f["subject"]) for f in findings if str(f.get("subject")).startswith("gpu:")})
     serving = sorted(

@@ -158,7 +158,7 @@ def print_explain(
         console.print(Text(f"No active findings for {what}.", style="green"))
         return
     ordered = incidents(findings)
-    header(ordered, findings, console)
+    header(ordered, findings, console, verbose)
     gpus = list(view.get("gpus") or [])
     if not verbose:
         for n, inc in enumerate(ordered, 1):
