@@ -168,20 +168,25 @@ def _steps(f: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def action_lines(f: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, text) pairs: the first action, and the first command when that one is words."""
+    """(label, text) pairs: the first action; after a drain (which only prepares) the step
+    that deals with the fault too; and the first command where none of those is one."""
     steps = _steps(f)
     if not steps:
         return [("do:", "(the rule gives no action)")]
-    of = f" (1 of {len(steps)})" if len(steps) > 1 else ""
-    first = steps[0]
-    if first.get("command"):
-        return [(f"run{of}:", str(first["text"]))]
-    kind = f" [{first['kind']}]" if first.get("kind") else ""
-    out = [(f"do{of}:", f"{first['text']}{kind}")]
-    for i, s in enumerate(steps[1:], 2):
-        if s.get("command"):
-            out.append((f"then run ({i}):", str(s["text"])))
-            break
+    shown = steps[:2] if steps[0].get("kind") == "drain_node" else steps[:1]
+    if not any(s.get("command") for s in shown):
+        shown += [s for s in steps[len(shown) :] if s.get("command")][:1]
+    out = []
+    for s in shown:
+        i = steps.index(s) + 1
+        if i == 1:
+            label = ("run" if s.get("command") else "do") + (
+                f" (1 of {len(steps)}):" if len(steps) > 1 else ":"
+            )
+        else:
+            label = f"then run ({i}):" if s.get("command") else f"then ({i}):"
+        kind = "" if s.get("command") or not s.get("kind") else f" [{s['kind']}]"
+        out.append((label, f"{s['text']}{kind}"))
     return out
 
 
