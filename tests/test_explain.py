@@ -455,3 +455,16 @@ def test_every_code_has_a_local_runbook():
 
     assert all(runbook_path(code) is not None for code in CODES)
     assert runbook_path("../../etc/passwd") is None
+
+
+def test_bundle_gpus_resolve_a_subject_given_by_uuid():
+    """The drill's nvidia-smi dump gives gpu:4 (bus 9B) its UUID: the UUID finds its findings."""
+    uuid = "GPU-2b6f61f9-8b00-3b57-d912-b62792120662"
+    out = moptd("explain", "--json", "--bundle", str(DRILL.relative_to(REPO)), uuid)
+    assert out.returncode == 0, out.stderr
+    found = {(f["code"], f["subject"]) for f in json.loads(out.stdout)["findings"]}
+    assert found == {
+        ("GSP_FIRMWARE_ERROR", "gpu:4"),
+        ("GPU_RESET_REQUIRED", "gpu:4"),
+        ("HW_SLOWDOWN", "gpu:4"),
+    }
