@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DRILL = "tests/fixtures/explain-drill"
@@ -36,7 +37,7 @@ def piped(tree: Path, columns: int, *extra: str) -> str:
     return out.stdout
 
 
-def on_terminal(view: dict[str, object], width: int, verbose: bool = False) -> str:
+def on_terminal(view: dict[str, Any], width: int, verbose: bool = False) -> str:
     from rich.console import Console
 
     from moptd.cli.render_explain import print_explain
@@ -45,6 +46,20 @@ def on_terminal(view: dict[str, object], width: int, verbose: bool = False) -> s
     console = Console(file=buf, width=width, force_terminal=True, color_system=None)
     print_explain(view, console, verbose=verbose)
     return buf.getvalue()
+
+
+def bundle_view_as_cli_builds_it() -> dict[str, Any]:
+    """What `moptd explain --bundle` renders (the JSON leaves out the GPU list)."""
+    from moptd.cli.cmd_explain import add_related, bundle_view, enrich
+    from moptd.cli.explain_facts import annotate, load_ruleset
+    from moptd.diagnose.loader import default_rules_dir
+
+    view = bundle_view(REPO / DRILL)
+    assert view is not None
+    ruleset = load_ruleset([default_rules_dir()])
+    view["findings"] = [annotate(enrich(f), ruleset) for f in view["findings"]]
+    add_related(view["findings"])
+    return view
 
 
 def lines(text: str) -> int:
@@ -56,9 +71,11 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, help="another moptd tree to compare with")
     ap.add_argument("--columns", type=int, default=80)
     args = ap.parse_args()
-    view = json.loads(piped(REPO, args.columns, "--json"))
+    view = bundle_view_as_cli_builds_it()
+    findings = view["findings"]
+    assert isinstance(findings, list)
     row = {
-        "findings": len(view["findings"]),
+        "findings": len(findings),
         "piped": lines(piped(REPO, args.columns)),
         "piped_verbose": lines(piped(REPO, args.columns, "--verbose")),
         **{f"terminal_{w}": lines(on_terminal(view, w)) for w in (80, 100, 120, 160)},

@@ -218,7 +218,8 @@ def incident_block(
     _field(console, "", summary, soft, style="bold")
     where = where_line(inc, gpus)
     if where:
-        _field(console, "where:", where, soft)
+        # several GPUs on a terminal: one line cut at its width (each is whole in --verbose)
+        _field(console, "where:", where, soft, cut=not soft and len(inc.group) > 1)
     evidence = evidence_line(f, inc.group)
     if evidence:
         # on a terminal one line, cut at its width (--verbose has every line whole); piped whole
