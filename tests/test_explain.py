@@ -105,22 +105,26 @@ GPU_LOST = {
 }
 
 
-def render(view: dict, terminal: bool = False) -> str:
+def render(
+    view: dict, terminal: bool = False, verbose: bool = False, width: int = 100, colour: bool = True
+) -> str:
     buf = io.StringIO()
     console = Console(
         file=buf,
-        width=100,
+        width=width,
         force_terminal=terminal,
         highlight=False,
-        color_system="standard" if terminal else None,
+        color_system="standard" if terminal and colour else None,
     )
-    print_explain(view, console)
+    print_explain(view, console, verbose=verbose)
     return buf.getvalue()
 
 
 def test_gpu_lost_reads_well_as_plain_text():
+    """--verbose: the whole finding, in the order the old default printed it (the commit that
+    made the compact view the default moved this test to --verbose)."""
     view = {"time": 1795969586.0, "notes": [], "findings": [enrich(GPU_LOST)]}
-    text = render(view)
+    text = render(view, verbose=True)
     check_golden("explain_gpu_lost.txt", text)
     assert "\x1b[" not in text
     # what a person at 3 a.m. needs, in this order
@@ -312,3 +316,157 @@ def test_offline_pass_runs_the_configured_rules_not_only_the_shipped_ones(tmp_pa
     assert out.returncode == 0, out.stderr
     rules = {f["rule"] for f in json.loads(out.stdout)["findings"]}
     assert "local-always" in rules
+
+
+# --- the default view: one screen, causes first ------------------------------------------
+
+DRILL = FIXTURES / "explain-drill"
+
+
+def drill_json() -> dict:
+    out = moptd("explain", "--json", "--bundle", str(DRILL.relative_to(REPO)))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_gpu_lost_compact_golden():
+    """The compact block: what, since when, the evidence, the first action whole, the runbook."""
+    from moptd.cli.explain_facts import annotate, load_ruleset
+    from moptd.diagnose.loader import default_rules_dir
+
+    f = annotate(enrich(GPU_LOST), load_ruleset([default_rules_dir()]))
+    text = render({"time": 1795969586.0, "notes": [], "findings": [f]})
+    check_golden("explain_gpu_lost_compact.txt", text)
+    assert text.startswith("1 problem: 1 critical, 0 warning, 0 info (--verbose: ")
+    assert "Decision path (rule" not in text
+    assert "NVIDIA recommends" not in text
+    assert "unknown" not in text  # the undecided nvml-lost branch is for --verbose
+    assert (
+        "   run (1 of 2): kubectl drain $(hostname) --ignore-daemonsets --delete-emptydir-data\n"
+        in (text)
+    )
+    assert "line: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python" in text
+    assert "runbook: moptd explain --code GPU_LOST --runbook" in text
+
+
+def test_drill_of_twenty_findings_fits_one_screen_golden():
+    """22 findings from real captures (tests/fixtures/explain-drill/SOURCE.md), piped."""
+    out = moptd("explain", "--bundle", str(DRILL.relative_to(REPO)))
+    assert out.returncode == 0, out.stderr
+    check_golden("explain_drill.txt", out.stdout)
+    text = out.stdout
+    # 22 since the Xid rules (issue 16, scope 2) read the fatal SXid and the Xid 154 Drain and
+    # Reset of the same excerpts, which gave no finding before
+    assert "22 problems: " in text
+    blocks = [line for line in text.splitlines() if line[:1].isdigit() and ". " in line[:4]]
+    # the node-wide driver mismatch before any per-GPU finding; serving after the hardware
+    assert "DRIVER_VERSION_MISMATCH on node" in blocks[0]
+    assert "Start with 1: DRIVER_VERSION_MISMATCH on node" in text
+    codes = [b.split()[2] for b in blocks]
+    assert codes.index("GPU_LOST") < codes.index("ENGINE_DEAD")
+    # the eight power-braked GPUs are one block, the reset that Xid 119 asks for sits under it
+    assert sum("HW_SLOWDOWN" in b for b in blocks) == 1
+    assert "HW_SLOWDOWN on gpu:0-7 (8 GPUs)" in text
+    assert "   also: CRITICAL GPU_RESET_REQUIRED on gpu:4: " in text
+    assert not any("GPU_RESET_REQUIRED on gpu:4" in b for b in blocks)
+    # GPU identity where the subject alone does not say it
+    assert "where: gpu 4 · 0000:9b:00.0 · GPU-" in text
+    # the evidence that decided it, not every event on the subject: no SXid under the mismatch
+    mismatch = text[text.index("1. ") : text.index("\n2. ")]
+    assert "kernel.api_mismatch" in mismatch
+    assert "SXid" not in mismatch
+    # plurals
+    assert "1 kernel.api_mismatch record " in text
+    assert "5 kernel.xid records " in text
+    assert "Decision path (rule" not in text
+
+
+def test_drill_piped_wraps_no_command_or_url():
+    text = moptd("explain", "--bundle", str(DRILL.relative_to(REPO))).stdout
+    body = drill_json()
+    commands = [s["text"] for f in body["findings"] for s in f["action_steps"] if s["command"]]
+    assert "nvidia-smi -r -i 4" in commands
+    shown = [c for c in set(commands) if c in text]
+    assert shown, "no command printed"
+    for c in shown:
+        assert any(line.endswith(c) for line in text.splitlines()), c
+    assert "Missing from the bundle (evidence unknown): container/daemon.json" in text
+    assert max(map(len, text.splitlines())) > 100  # COLUMNS=100: nothing was cut to fit
+
+
+def test_terminal_soft_wraps_commands_only():
+    """On a narrow terminal rich may wrap prose, never a command: the terminal wraps it, and a
+    copy of the line pastes as one command."""
+    body = drill_json()
+    text = render(body, terminal=True, width=50, colour=False)
+    assert "kubectl drain $(hostname) --ignore-daemonsets --delete-emptydir-data" in text
+    assert "moptd explain --code CODE --runbook" in text  # said once, in the header
+
+
+def test_json_is_the_old_shape_plus_added_fields():
+    body = drill_json()
+    assert set(body) == {"source", "notes", "findings", "time", "asked"}
+    old = {
+        "code", "subject", "severity", "rule", "summary", "first_seen", "last_seen",
+        "evidence", "path", "actions", "runbook", "state", "events", "related",
+    }  # fmt: skip
+    added = {"action_steps", "decided_by", "attribution", "runbook_command"}
+    for f in body["findings"]:
+        assert old <= set(f) <= old | added | {"pci_bus_id", "resolved_at", "nvidia_actions"}
+        assert added <= set(f)
+        assert [f"{s['kind']}: {s['text']}" for s in f["action_steps"]] == f["actions"]
+    lost = next(f for f in body["findings"] if f["code"] == "GPU_LOST")
+    assert lost["decided_by"] == ["gpu.xid_event", "kernel.xid"]
+    assert lost["runbook_command"] == "moptd explain --code GPU_LOST --runbook"
+    assert [s["command"] for s in lost["action_steps"]] == [True, True, False]
+
+
+def test_attribution_names_process_user_container_and_pod():
+    from moptd.cli.explain_facts import annotate
+
+    f = json.loads(json.dumps(GPU_LOST))
+    # what moptd.kernel.attribution adds live; the container id is the one of the real memcg
+    # OOM line in tests/fixtures/explain-drill/kernel/dmesg.txt
+    f["events"][0]["fields"].update(
+        pid=1234,  # as the parser reads them from the line's "pid=1234, name=python"
+        process="python",
+        user="inference",
+        container="3fc28fa1c647ceede9f6b340d0b16c9f1f663698972d22a52e296f291638e014",
+        container_runtime="containerd",
+        pod_uid="6b1a1f5e-3c1d-4f57-9e0e-2f3a8e0e2d11",
+    )
+    text = render({"time": 1795969586.0, "findings": [annotate(f, None)]})
+    assert (
+        "hit by pid 1234 python (user inference, container 3fc28fa1c647, "
+        "pod 6b1a1f5e-3c1d-4f57-9e0e-2f3a8e0e2d11)"
+    ) in text
+
+
+def test_runbook_is_printed_from_the_shipped_copy():
+    out = moptd("explain", "--code", "gpu_lost", "--runbook")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (REPO / "docs" / "runbooks" / "GPU_LOST.md").read_text()
+    out = moptd("explain", "--runbook")
+    assert out.returncode == 2
+    assert "--runbook needs --code CODE" in out.stderr
+
+
+def test_every_code_has_a_local_runbook():
+    from moptd.cli.runbooks import runbook_path
+    from moptd.diagnose.codes import CODES
+
+    assert all(runbook_path(code) is not None for code in CODES)
+    assert runbook_path("../../etc/passwd") is None
+
+
+def test_bundle_gpus_resolve_a_subject_given_by_uuid():
+    """The drill's nvidia-smi dump gives gpu:4 (bus 9B) its UUID: the UUID finds its findings."""
+    uuid = "GPU-2b6f61f9-8b00-3b57-d912-b62792120662"
+    out = moptd("explain", "--json", "--bundle", str(DRILL.relative_to(REPO)), uuid)
+    assert out.returncode == 0, out.stderr
+    found = {(f["code"], f["subject"]) for f in json.loads(out.stdout)["findings"]}
+    assert found == {
+        ("GSP_FIRMWARE_ERROR", "gpu:4"),
+        ("GPU_RESET_REQUIRED", "gpu:4"),
+        ("HW_SLOWDOWN", "gpu:4"),
+    }

@@ -1,4 +1,5 @@
-"""`moptd explain [SUBJECT] [--code CODE] [--since T] [--json] [--offline] [--bundle B]`.
+"""`moptd explain [SUBJECT] [--code CODE [--runbook]] [--since T] [--verbose] [--json]
+[--offline] [--bundle B]`.
 
 Asks the daemon; when it cannot be reached (or with --offline) it says so, reads what the
 daemon last recorded in its findings database and runs one collection pass itself.
@@ -35,6 +36,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="T",
         help="also findings that changed since T (Unix seconds, RFC 3339, or e.g. 1h)",
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="each finding in full: decision path, all evidence, every action, related findings",
+    )
+    p.add_argument(
+        "--runbook", action="store_true", help="print the runbook of --code CODE and stop"
+    )
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--offline", action="store_true", help="do not ask the daemon")
     p.add_argument("--bundle", metavar="B", help="explain a bundle (directory or .tar.gz)")
@@ -65,10 +75,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
+    if args.runbook:
+        return print_runbook(args.code)
     if args.bundle:
+        from moptd.diagnose.loader import default_rules_dir
+
         view = bundle_view(Path(args.bundle))
         if view is None:
             return EXIT_BUNDLE
+        rule_paths: list[str | Path] = [default_rules_dir()]
     else:
         config = load(args)
         if config is None:
@@ -84,10 +99,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if view is None:
             view = offline_view(config, since)
             view["notes"] = notes + view["notes"]
+        rule_paths = list(config.rule_paths)
+    from moptd.cli.explain_facts import annotate, load_ruleset
+
+    ruleset = load_ruleset(rule_paths)
     view.setdefault("time", now)
     view["asked"] = args.subject
     view["findings"] = [
-        enrich(f)
+        annotate(enrich(f), ruleset)
         for f in view["findings"]
         if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
@@ -98,7 +117,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         from moptd.cli.render_explain import print_explain
 
-        print_explain(view)
+        print_explain(view, verbose=args.verbose)
+    return 0
+
+
+def print_runbook(code: str | None) -> int:
+    """The runbook shipped with moptd, as Markdown on stdout."""
+    from moptd.cli.runbooks import runbook_path, runbooks_dir
+
+    if not code:
+        print("moptd explain: --runbook needs --code CODE", file=sys.stderr)
+        return EXIT_USAGE
+    path = runbook_path(code)
+    if path is None:
+        print(f"moptd explain: no runbook {runbooks_dir() / (code + '.md')}", file=sys.stderr)
+        return EXIT_BUNDLE
+    sys.stdout.write(path.read_text(encoding="utf-8"))
     return 0
 
 
@@ -223,7 +257,22 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         "notes": notes,
         "findings": findings,
         "time": steps[-1] if steps else time.time(),
+        "gpus": bundle_gpus(tl),
     }
+
+
+def bundle_gpus(tl: Any) -> list[dict[str, Any]]:
+    """The GPUs a bundle describes (index, UUID, bus id), as the daemon's view lists them:
+    explain names a GPU by all three, and a SUBJECT may be any of them."""
+    attrs: dict[str, dict[str, str]] = {}
+    for _, _, batch in tl.observations:
+        for subject, described in batch.attrs.items():
+            if subject.startswith("gpu:"):
+                attrs.setdefault(subject, {}).update(described)
+    return [
+        {"subject": subject, **{k: a[k] for k in ("index", "uuid", "pci_bus_id") if a.get(k)}}
+        for subject, a in sorted(attrs.items())
+    ]
 
 
 # --- related findings and NVIDIA's actions ---

@@ -68,9 +68,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     from moptd.bundle import read_bundle
     from moptd.diagnose.testing import run_tests
 
-    report = run_tests(
-        _paths(args), require_coverage=not args.no_coverage, read_bundle=read_bundle
-    )
+    report = run_tests(_paths(args), require_coverage=not args.no_coverage, read_bundle=read_bundle)
     for e in report.errors:
         print(e, file=sys.stderr)
     for f in report.failures:

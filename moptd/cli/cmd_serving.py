@@ -228,8 +228,10 @@ def _restart_through_daemon(args: argparse.Namespace, name: str) -> int:
             config.api_socket, "POST", f"/v1/serving/{name}/restart", timeout=180
         )
     except client.DaemonUnreachable as exc:
-        print(f"moptd: the managed process is a child of the daemon, which is not "
-              f"reachable ({exc})", file=sys.stderr)
+        print(
+            f"moptd: the managed process is a child of the daemon, which is not reachable ({exc})",
+            file=sys.stderr,
+        )
         return 1
     if status != 200:
         reason = body.get("error") if isinstance(body, dict) else body

@@ -1,47 +1,36 @@
 """`moptd explain` for people: what is wrong, why moptd thinks so, and what to do.
 
-Meant to be read at 3 a.m.: severity and code first, then the summary, the decision path
-with the values each condition saw, the evidence with its times, and numbered actions.
-Colour on a terminal; rich drops it (and keeps the layout) when the output is piped.
+Meant to be read at 3 a.m.: by default a header and one short block per problem, causes
+first (moptd.cli.explain_compact, ordered by moptd.cli.explain_order). `--verbose` adds, for
+each finding, the decision path with the values each condition saw (undecided ones too), all
+its evidence with times, NVIDIA's actions, all of moptd's and the related findings.
+Colour on a terminal; rich drops it when the output is piped, and then wraps nothing.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from rich.console import Console, Group
 from rich.text import Text
 from rich.tree import Tree
 
+from moptd.cli.explain_compact import (
+    SEVERITY_STYLE,
+    ago,
+    header,
+    incident_block,
+    runbooks_in_header,
+    when,
+    where_line,
+)
+from moptd.cli.explain_order import Incident, incidents
 from moptd.diagnose.engine import fmt
 
-_SEVERITY_STYLE = {
-    "critical": "bold white on red",
-    "warning": "bold black on yellow",
-    "info": "bold white on blue",
-}
+__all__ = ["ago", "finding_block", "print_explain", "print_status_findings", "when"]
+
+_SEVERITY_STYLE = SEVERITY_STYLE
 _MARK = {True: ("✓", "green"), False: ("✗", "dim"), None: ("?", "yellow")}
-
-
-def when(t: Any) -> str:
-    if t is None or t == "":
-        return "-"
-    stamp = dt.datetime.fromtimestamp(float(t), tz=dt.UTC)
-    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def ago(t: Any, now: float) -> str:
-    if t is None:
-        return ""
-    secs = max(0, int(now - float(t)))
-    if secs < 120:
-        return f"{secs}s ago"
-    if secs < 7200:
-        return f"{secs // 60}m ago"
-    if secs < 172800:
-        return f"{secs // 3600}h {secs % 3600 // 60}m ago"
-    return f"{secs // 86400}d ago"
 
 
 def _value(v: Any) -> str:
@@ -101,18 +90,28 @@ def _evidence(f: dict[str, Any]) -> list[Text]:
     return lines
 
 
-def finding_block(f: dict[str, Any], now: float) -> Group:
+def _whole(text: str, style: str = "") -> Text:
+    """A command or URL: never wrapped by rich (a terminal wraps it for the eye, and a copy
+    of it pastes whole)."""
+    return Text(text, style=style, no_wrap=True, overflow="ignore")
+
+
+def finding_block(f: dict[str, Any], now: float, gpus: list[dict[str, Any]] | None = None) -> Group:
+    """One finding in full (`--verbose`)."""
     parts: list[Any] = [_header(f)]
     since = f.get("first_seen") or f.get("pending_since")
-    state = str(f.get("state", "firing"))
-    line = Text(f"  {state} since {when(since)}")
-    if since is not None:
-        line.append(f" ({ago(since, now)})", style="dim")
     if f.get("resolved_at"):
-        line.append(f", resolved {when(f['resolved_at'])}")
+        line = Text(f"  resolved {when(f['resolved_at'])}, firing from {when(since)}")
+    else:
+        line = Text(f"  {f.get('state', 'firing')} since {when(since)}")
+        if since is not None:
+            line.append(f" ({ago(since, now)})", style="dim")
     parts.append(line)
     if f.get("summary"):
         parts.append(Text(f"  {f['summary']}", style="bold"))
+    where = where_line(Incident(root=f, group=[f]), gpus or [])
+    if where:
+        parts.append(Text(f"  where: {where}"))
     parts.append(Text(""))
     parts.append(_path_tree(f))
     ev = _evidence(f)
@@ -125,11 +124,13 @@ def finding_block(f: dict[str, Any], now: float) -> Group:
     actions = f.get("actions") or []
     parts.append(Text("What to do (moptd)", style="bold"))
     if actions:
-        parts.extend(Text(f"  {i}. {a}") for i, a in enumerate(actions, 1))
+        parts.extend(_whole(f"  {i}. {a}") for i, a in enumerate(actions, 1))
     else:
         parts.append(Text("  (no action given by the rule)", style="dim"))
+    if f.get("runbook_command"):
+        parts.append(_whole(f"  runbook: {f['runbook_command']}", style="dim"))
     if f.get("runbook"):
-        parts.append(Text(f"  runbook: {f['runbook']}", style="dim"))
+        parts.append(_whole(f"  reference: {f['runbook']}", style="dim"))
     related = f.get("related") or []
     if related:
         parts.append(Text("Related findings (same incident)", style="bold"))
@@ -144,20 +145,36 @@ def finding_block(f: dict[str, Any], now: float) -> Group:
     return Group(*parts)
 
 
-def print_explain(view: dict[str, Any], console: Console | None = None) -> None:
+def print_explain(
+    view: dict[str, Any], console: Console | None = None, *, verbose: bool = False
+) -> None:
     console = console or Console(highlight=False)
+    soft = not console.is_terminal  # piped into a ticket: wrap nothing
     now = float(view.get("time") or 0.0)
     for note in view.get("notes") or []:
-        console.print(Text(note, style="yellow"))
+        console.print(Text(note, style="yellow"), soft_wrap=soft)
     findings = view.get("findings") or []
     if not findings:
         what = view.get("asked") or "this host"
         console.print(Text(f"No active findings for {what}.", style="green"))
         return
-    for i, f in enumerate(findings):
-        if i:
-            console.print(Text("─" * 60, style="dim"))
-        console.print(finding_block(f, now))
+    ordered = incidents(findings)
+    header(ordered, findings, console, verbose)
+    gpus = list(view.get("gpus") or [])
+    if not verbose:
+        in_header = runbooks_in_header(ordered)
+        for n, inc in enumerate(ordered, 1):
+            if n > 1:
+                console.print()
+            incident_block(n, inc, now, gpus, console, local_runbook_in_header=in_header)
+        return
+    first = True
+    for inc in ordered:
+        for f in inc.findings:
+            if not first:
+                console.print(Text("─" * 60, style="dim"))
+            first = False
+            console.print(finding_block(f, now, gpus), soft_wrap=soft)
 
 
 def print_status_findings(view: dict[str, Any], console: Console | None = None) -> None:

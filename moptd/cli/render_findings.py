@@ -1,4 +1,4 @@
-"""Rich rendering of findings for `moptd replay` (and later `moptd explain`)."""
+"""Rich rendering of findings for `moptd replay`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.tree import Tree
 from moptd.diagnose.engine import fmt
 from moptd.diagnose.replay import ReplayReport
 
+_UNWRAPPED = 100_000
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -21,7 +22,8 @@ def _time(t: object) -> str:
 
 
 def render_replay(report: ReplayReport, console: Console | None = None) -> None:
-    out = console or Console(width=None if Console().is_terminal else 100)
+    # piped (into a ticket) nothing is wrapped: a command or condition stays one line
+    out = console or Console(width=None if Console().is_terminal else _UNWRAPPED)
     host = report.meta.get("host")
     head = f"Replay of {report.bundle}" + (f" (host {host})" if host else "")
     out.print(Text(head, style="bold"))
@@ -31,7 +33,8 @@ def render_replay(report: ReplayReport, console: Console | None = None) -> None:
     if not report.findings:
         out.print(Text("No findings.", style="green"))
     else:
-        out.print(f"{len(report.findings)} finding(s):")
+        n = len(report.findings)
+        out.print(f"{n} finding{'' if n == 1 else 's'}:")
     for f in report.findings:
         sev = str(f["severity"])
         label = Text.assemble(
