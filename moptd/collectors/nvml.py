@@ -1,9 +1,10 @@
 """NVML collector: per-GPU telemetry, compute processes and Xid events.
 
-Readings come in four cost tiers (moptd/gpu/readings.py): static at start and
+Readings come in five cost tiers (moptd/gpu/readings.py): static at start and
 every ``static_interval``, slow every ``slow_interval``, costly (total energy and two
-clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, fast every tick;
-each tier's age is exported as gpu.sample_age{tier}.
+clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, profile (GPM
+metrics between consecutive GPM samples, 1-3 ms) every ``profile_interval``, fast every
+tick; each tier's age is exported as gpu.sample_age{tier}.
 The GPUs are read one after another on one shared reader thread (one thread wake-up per
 tick, not one per GPU: on the GPU host the wake-ups cost more CPU than the NVML calls),
 under a per-GPU deadline. A GPU whose NVML call hangs (a GPU in recovery) holds up the
@@ -32,13 +33,14 @@ from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
 from moptd.gpu.backend import NvmlBackend
-from moptd.gpu.batch import add_ages, add_fast, add_slow, add_static
+from moptd.gpu.batch import add_ages, add_fast, add_profile, add_slow, add_static
 from moptd.gpu.readings import (
     BackendUnavailable,
     FastReading,
     GpuBackend,
     GpuLost,
     NvmlCallError,
+    ProfileReading,
     SlowReading,
     StaticReading,
     merge_costly,
@@ -54,7 +56,8 @@ NVML_ERROR_TIMEOUT = 10
 XID_WAIT_MS = 1000  # how long one Xid wait blocks; stop() waits this long at most
 NVML_ERROR_UNKNOWN = 999
 DRIVER_SIGNS = (Path("/dev/nvidiactl"),)
-TIERS = ("static", "fast", "slow", "costly")
+TIERS = ("static", "fast", "slow", "costly", "profile")
+_TIMED = ("static", "slow", "costly", "profile")  # the tiers with an interval option
 _FAST_ONLY = ("fast",)
 
 
@@ -66,11 +69,13 @@ class _GpuState:
     fast: FastReading | None = None
     slow: SlowReading | None = None
     costly: SlowReading | None = None
-    # The samples of the static and slow readings, built once per new reading: they are
+    profile: ProfileReading | None = None
+    # The samples of the static, slow and profile readings, built once per new reading: they are
     # re-sent every tick (the store replaces a source's snapshot whole) but change rarely.
     static_batch: Batch = field(default_factory=Batch)
     fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
     slow_batch: Batch = field(default_factory=Batch)
+    profile_batch: Batch = field(default_factory=Batch)
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
     worker: Worker | None = None  # its own thread, once it has hung; else the shared one
     pending: concurrent.futures.Future[_Pass] | None = None
@@ -86,6 +91,7 @@ class _Pass:
     fast: FastReading | None = None
     slow: SlowReading | None = None
     costly: SlowReading | None = None
+    profile: ProfileReading | None = None
     error: int = 0
     lost: GpuLost | None = None
 
@@ -132,6 +138,14 @@ class NvmlCollector(Collector):
             "power-brake clock-event counters: 0.6-3 ms of CPU each, about 4.4 ms a GPU in "
             "all). 10 s keeps every field fresh within 10 s; raise it to save CPU.",
         ),
+        "profile_interval": Option(
+            (int, float),
+            5.0,
+            "Seconds between reads of the profile tier (NVML GPM: SM, tensor, DRAM and pipe "
+            "activity, PCIe and NVLink throughput, averaged over the interval; one GPM "
+            "sample, 40-55 µs, and one metrics computation, 1-3 ms, a GPU). Only GPUs with "
+            "GPM (Hopper and newer) pay the metrics computation.",
+        ),
         "static_interval": Option((int, float), 300.0, "Seconds between static-tier reads."),
         "gpu_deadline": Option(
             (int, float), 2.0, "Seconds one GPU's read may take before it counts as hung."
@@ -150,9 +164,7 @@ class NvmlCollector(Collector):
         self._stopping = threading.Event()
         self._shared: Worker | None = None  # reads every GPU that has not hung
         # Read once: collect() runs every second, cold, so each lookup it skips counts.
-        self._every = {
-            tier: float(self.option(f"{tier}_interval")) for tier in ("static", "slow", "costly")
-        }
+        self._every = {tier: float(self.option(f"{tier}_interval")) for tier in _TIMED}
         self._slow_taken = True  # a slow read came in since processes were last pruned
 
     # --- backend ------------------------------------------------------------------------
@@ -367,7 +379,10 @@ class NvmlCollector(Collector):
         static = st.static is None or now - read_at.get("static", 0.0) >= every["static"] - slack
         slow = st.slow is None or now - read_at.get("slow", 0.0) >= every["slow"] - slack
         costly = st.costly is None or now - read_at.get("costly", 0.0) >= every["costly"] - slack
-        if not (static or slow or costly):
+        profile = (
+            st.profile is None or now - read_at.get("profile", 0.0) >= every["profile"] - slack
+        )
+        if not (static or slow or costly or profile):
             return _FAST_ONLY
         tiers = ["fast"]
         if static:
@@ -376,6 +391,8 @@ class NvmlCollector(Collector):
             tiers.append("slow")
         if costly:
             tiers.append("costly")
+        if profile:
+            tiers.append("profile")
         return tuple(tiers)
 
     def _read_gpu(self, backend: GpuBackend, index: int, tiers: tuple[str, ...]) -> _Pass:
@@ -390,6 +407,8 @@ class NvmlCollector(Collector):
                         out.fast = backend.read_fast(index)
                     elif tier == "costly":
                         out.costly = backend.read_costly(index)
+                    elif tier == "profile":
+                        out.profile = backend.read_profile(index)
                     else:
                         out.slow = backend.read_slow(index)
                         self._attribute(out.slow)
@@ -425,9 +444,10 @@ class NvmlCollector(Collector):
             batch.add("gpu.lost", subject, 1.0)
             batch.add("gpu.nvml_error", subject, float(res.lost.code))
             # A lost GPU's old values must not be read as current.
-            st.fast = st.slow = st.costly = None
+            st.fast = st.slow = st.costly = st.profile = None
             self._slow_taken = True  # its processes are gone with them
             st.slow_batch = Batch()
+            st.profile_batch = Batch()
             return
         st.read_at.pop("lost_logged", None)
         batch.add("gpu.lost", subject, 0.0)
@@ -435,6 +455,7 @@ class NvmlCollector(Collector):
         if st.fast is not None:
             add_fast(batch, index, st.fast, st.fast_samples)
         batch.extend(st.slow_batch)
+        batch.extend(st.profile_batch)
         add_ages(
             batch,
             index,
@@ -449,6 +470,10 @@ class NvmlCollector(Collector):
             add_static(st.static_batch, res.static)
         if res.fast is not None:
             st.fast, st.read_at["fast"] = res.fast, read_at
+        if res.profile is not None:
+            st.profile, st.read_at["profile"] = res.profile, read_at
+            st.profile_batch = Batch()
+            add_profile(st.profile_batch, index, res.profile)
         if res.costly is not None:
             st.costly, st.read_at["costly"] = res.costly, read_at
         if res.slow is not None:

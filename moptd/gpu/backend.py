@@ -10,7 +10,9 @@ counter, ECC mode, MIG mode and field values 130-155 µs; each max-clock query a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,6 +28,7 @@ from moptd.gpu.readings import (
     GpuLost,
     NvmlCallError,
     ProcessReading,
+    ProfileReading,
     SlowReading,
     StaticReading,
 )
@@ -91,6 +94,23 @@ COSTLY_FIELDS: dict[str, int] = {
     "cet:hw_thermal_slowdown": 270,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
     "cet:hw_power_brake_slowdown": 271,  # ..._HW_POWER_BRAKE_SLOWDOWN
 }
+# The GPM metrics moptd exports: (ProfileReading field, metric id, scale to base units).
+# GPM gives percentages (0-100) and MiB/s.
+GPM_METRICS: tuple[tuple[str, int, float], ...] = (
+    ("gr_engine_active", _F.NVML_GPM_METRIC_GRAPHICS_UTIL, 0.01),
+    ("sm_active", _F.NVML_GPM_METRIC_SM_UTIL, 0.01),
+    ("sm_occupancy", _F.NVML_GPM_METRIC_SM_OCCUPANCY, 0.01),
+    ("tensor_active", _F.NVML_GPM_METRIC_ANY_TENSOR_UTIL, 0.01),
+    ("dram_active", _F.NVML_GPM_METRIC_DRAM_BW_UTIL, 0.01),
+    ("fp64_active", _F.NVML_GPM_METRIC_FP64_UTIL, 0.01),
+    ("fp32_active", _F.NVML_GPM_METRIC_FP32_UTIL, 0.01),
+    ("fp16_active", _F.NVML_GPM_METRIC_FP16_UTIL, 0.01),
+    ("pcie_tx_bytes", _F.NVML_GPM_METRIC_PCIE_TX_PER_SEC, float(MIB)),
+    ("pcie_rx_bytes", _F.NVML_GPM_METRIC_PCIE_RX_PER_SEC, float(MIB)),
+    ("nvlink_tx_bytes", _F.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, float(MIB)),
+    ("nvlink_rx_bytes", _F.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, float(MIB)),
+)
+
 assert {k[4:] for k in (*SLOW_FIELDS, *COSTLY_FIELDS) if k.startswith("cet:")} == set(
     CLOCK_EVENT_COUNTERS
 )
@@ -136,6 +156,8 @@ class NvmlBackend:
         self._nvlink: dict[int, int] = {}  # index -> number of links that answered
         self._event_set: Any = None
         self._driver = ""
+        self._gpm: dict[int, _Gpm] = {}  # index -> GPM state (samples kept between reads)
+        self._util_seen: dict[int, int] = {}  # index -> newest process-utilisation timestamp
 
     # --- the error policy -------------------------------------------------------
     def query(self, index: int, fn: Callable[..., T], *args: Any) -> T | None:
@@ -174,6 +196,9 @@ class NvmlBackend:
             self._handles[i] = pynvml.nvmlDeviceGetHandleByIndex(i)
 
     def shutdown(self) -> None:
+        for gpm in self._gpm.values():
+            gpm.free()
+        self._gpm.clear()
         if self._event_set is not None:
             try:
                 pynvml.nvmlEventSetFree(self._event_set)
@@ -344,7 +369,84 @@ class NvmlBackend:
                     found[p.pid] = ProcessReading(p.pid, prev.used_memory, "C+G")
                 else:
                     found[p.pid] = ProcessReading(int(p.pid), mem, kind)
+        if not found:
+            return ()
+        util = self._process_util(index, h)
+        if util is not None:
+            for pid, p in found.items():
+                sm, mem_util, enc, dec = util.get(pid, (0.0, 0.0, 0.0, 0.0))
+                found[pid] = dataclasses.replace(
+                    p, sm_util=sm, mem_util=mem_util, enc_util=enc, dec_util=dec
+                )
         return tuple(found[pid] for pid in sorted(found))
+
+    def _process_util(
+        self, index: int, h: Any
+    ) -> dict[int, tuple[float, float, float, float]] | None:
+        """pid -> (sm, mem, enc, dec) ratios of NVML's newest per-process samples since the
+        previous call (lastSeenTimeStamp), or None where the GPU cannot give them. NVML
+        answers NOT_FOUND when no process was busy since then: every ratio is 0."""
+        seen = self._util_seen.get(index, 0)
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, seen)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                return {}  # pynvml raises the first call's SUCCESS when no sample is due
+            if code in _AS_NONE:
+                self._log_once(pynvml.nvmlDeviceGetProcessUtilization, code)
+                return None
+            if code in _LOST:
+                raise GpuLost(index, code, str(exc)) from None
+            raise NvmlCallError(index, code, f"nvmlDeviceGetProcessUtilization: {exc}") from None
+        newest: dict[int, Any] = {}
+        for s in samples:
+            prev = newest.get(int(s.pid))
+            if prev is None or s.timeStamp > prev.timeStamp:
+                newest[int(s.pid)] = s
+            seen = max(seen, int(s.timeStamp))
+        self._util_seen[index] = seen
+        return {
+            pid: (
+                _ratio(s.smUtil),
+                _ratio(s.memUtil),
+                _ratio(s.encUtil),
+                _ratio(s.decUtil),
+            )
+            for pid, s in newest.items()
+        }
+
+    # --- the profile tier (GPM) ------------------------------------------------------
+    def read_profile(self, index: int) -> ProfileReading:
+        """One GPM sample; the exported metrics over the window since the previous one.
+        A GPU without GPM reads gpm_supported = 0 (learned once)."""
+        h = self._h(index)
+        gpm = self._gpm.get(index)
+        if gpm is None:
+            support = self.query(index, pynvml.nvmlGpmQueryDeviceSupport, h)
+            supported = support is not None and bool(support.isSupportedDevice)
+            gpm = self._gpm[index] = _Gpm(supported)
+            if not supported:
+                return ProfileReading(gpm_supported=None if support is None else 0.0)
+        if not gpm.supported:
+            return ProfileReading(gpm_supported=0.0)
+        cur = gpm.take_spare()
+        if self.query(index, pynvml.nvmlGpmSampleGet, h, cur) is None:
+            gpm.spare = cur
+            return ProfileReading(gpm_supported=1.0)
+        prev, gpm.prev = gpm.prev, cur
+        if prev is None:
+            return ProfileReading(gpm_supported=1.0)
+        gpm.spare = prev
+        mg = gpm.request(prev, cur)
+        if self.query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
+            return ProfileReading(gpm_supported=1.0)
+        values: dict[str, float | None] = {}
+        for i, (name, _mid, scale) in enumerate(GPM_METRICS):
+            m = mg.metrics[i]
+            v = float(m.value) if m.nvmlReturn == pynvml.NVML_SUCCESS else math.nan
+            values[name] = v * scale if math.isfinite(v) and v >= 0 else None
+        return ProfileReading(gpm_supported=1.0, **values)
 
     # --- for bench/nvml_cost.py -------------------------------------------------------------
     def calls(self, index: int) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -353,6 +455,7 @@ class NvmlBackend:
         h = self._h(index)
         p = pynvml
         fields = list(SLOW_FIELDS.values())
+        gpm = _GpmPair(h)
         return [
             ("static", "nvmlDeviceGetUUID", lambda: p.nvmlDeviceGetUUID(h)),
             ("static", "nvmlDeviceGetPciInfo", lambda: p.nvmlDeviceGetPciInfo(h)),
@@ -445,6 +548,22 @@ class NvmlBackend:
                 "nvmlDeviceGetGraphicsRunningProcesses",
                 lambda: p.nvmlDeviceGetGraphicsRunningProcesses(h),
             ),
+            (
+                "slow",
+                "nvmlDeviceGetProcessUtilization",
+                _allow_not_found(lambda: p.nvmlDeviceGetProcessUtilization(h, 0)),
+            ),
+            (
+                "costly",
+                f"nvmlDeviceGetFieldValues({'+'.join(map(str, COSTLY_FIELDS.values()))})",
+                lambda: p.nvmlDeviceGetFieldValues(h, list(COSTLY_FIELDS.values())),
+            ),
+            ("profile", "nvmlGpmSampleGet", lambda: p.nvmlGpmSampleGet(h, gpm.sample())),
+            (
+                "profile",
+                f"nvmlGpmMetricsGet({len(GPM_METRICS)} metrics)",
+                lambda: p.nvmlGpmMetricsGet(gpm.request()),
+            ),
             ("ref", "nvmlDeviceGetPcieReplayCounter", lambda: p.nvmlDeviceGetPcieReplayCounter(h)),
             ("ref", "nvmlDeviceGetRemappedRows", lambda: p.nvmlDeviceGetRemappedRows(h)),
             *[
@@ -489,6 +608,86 @@ class NvmlBackend:
             return int(pynvml.nvmlDeviceGetIndex(device))
         except pynvml.NVMLError:
             return -1
+
+
+class _Gpm:
+    """One GPU's GPM state: the previous sample, a spare buffer and the request struct,
+    allocated once and reused (each read swaps the two samples)."""
+
+    def __init__(self, supported: bool) -> None:
+        self.supported = supported
+        self.prev: Any = None
+        self.spare: Any = None
+        self._request: Any = None
+
+    def take_spare(self) -> Any:
+        spare, self.spare = self.spare, None
+        return spare if spare is not None else pynvml.nvmlGpmSampleAlloc()
+
+    def request(self, first: Any, second: Any) -> Any:
+        mg = self._request
+        if mg is None:
+            mg = self._request = pynvml.c_nvmlGpmMetricsGet_t()
+            mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            for i, (_name, mid, _scale) in enumerate(GPM_METRICS):
+                mg.metrics[i].metricId = mid
+        mg.sample1, mg.sample2 = first, second
+        return mg
+
+    def free(self) -> None:
+        for sample in (self.prev, self.spare):
+            if sample is not None:
+                try:
+                    pynvml.nvmlGpmSampleFree(sample)
+                except pynvml.NVMLError:
+                    log.debug("nvmlGpmSampleFree failed", exc_info=True)
+        self.prev = self.spare = None
+
+
+class _GpmPair:
+    """Two GPM samples taken once, for timing nvmlGpmSampleGet and nvmlGpmMetricsGet
+    alone (bench/nvml_cost.py; the samples live as long as the process). A GPU without
+    GPM makes both calls raise NotSupported."""
+
+    def __init__(self, h: Any) -> None:
+        self._h = h
+        self._gpm: _Gpm | None = None
+
+    def _ready(self) -> _Gpm:
+        if self._gpm is None:
+            gpm = _Gpm(True)
+            gpm.prev, gpm.spare = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+            pynvml.nvmlGpmSampleGet(self._h, gpm.prev)
+            pynvml.nvmlGpmSampleGet(self._h, gpm.spare)
+            self._gpm = gpm
+        return self._gpm
+
+    def sample(self) -> Any:
+        return self._ready().spare
+
+    def request(self) -> Any:
+        gpm = self._ready()
+        return gpm.request(gpm.prev, gpm.spare)
+
+
+def _allow_not_found(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """NOT_FOUND (no process was busy) is an answer of the call, not a failure."""
+
+    def call() -> Any:
+        try:
+            return fn()
+        except pynvml.NVMLError as exc:
+            if int(exc.value) != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
+            return None
+
+    return call
+
+
+def _ratio(pct: Any) -> float:
+    """A per-process sample's % -> ratio (the arithmetic of util.gpu / 100.0)."""
+    return float(pct) / 100.0
 
 
 def _one_field(h: Any, fid: int) -> Callable[[], Any]:

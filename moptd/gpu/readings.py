@@ -7,7 +7,8 @@ seconds). ``None`` means the source cannot give the value (NVML NotSupported, nv
 
 Readings are split by cost (see moptd/catalog/gpu.py): ``StaticReading`` (identity,
 limits, modes, maxima) is read at start and on a slow refresh, ``FastReading`` every tick,
-``SlowReading`` (the NVML calls costing 0.1-3 ms) on a slower cadence.
+``SlowReading`` (the NVML calls costing 0.1-3 ms) on a slower cadence, ``ProfileReading``
+(NVML's GPM metrics between two consecutive GPM samples) on the profile cadence.
 """
 
 from __future__ import annotations
@@ -61,12 +62,22 @@ class BackendUnavailable(Exception):
 @dataclass(frozen=True, slots=True)
 class ProcessReading:
     """One process with a context on a GPU. used_memory in bytes (None: not reported,
-    e.g. without permission or under MIG)."""
+    e.g. without permission or under MIG). The utilisation ratios are NVML's per-process
+    sample (nvmlDeviceGetProcessUtilization; nvidia-smi pmon's sm, mem, enc, dec columns
+    / 100): None where the GPU cannot give them, 0 for a process NVML reported no sample
+    for since the previous read (NVML returns only processes that were busy)."""
 
     pid: int
     used_memory: float | None = None
     type: str = "C"  # C compute, G graphics, C+G both
     name: str = ""  # what the source calls it (nvidia-smi prints it; NVML does not)
+    sm_util: float | None = None  # ratio; pmon "sm" / 100
+    mem_util: float | None = None  # ratio; pmon "mem" / 100
+    enc_util: float | None = None  # ratio; pmon "enc" / 100
+    dec_util: float | None = None  # ratio; pmon "dec" / 100
+
+
+PROCESS_UTIL_FIELDS = ("sm_util", "mem_util", "enc_util", "dec_util")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +151,29 @@ class SlowReading:
     processes: tuple[ProcessReading, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileReading:
+    """NVML's GPM metrics over the window between two consecutive GPM samples (Hopper and
+    newer). gpm_supported is 0 where the GPU has no GPM (then every metric is None) and
+    1 where it has; a metric is None until a second sample gives a window, or when NVML
+    refuses that one metric. Ratios are GPM's percentages / 100; throughputs are GPM's
+    MiB/s in bytes/s."""
+
+    gpm_supported: float | None = None  # 0/1; nvmlGpmQueryDeviceSupport
+    gr_engine_active: float | None = None  # ratio; NVML_GPM_METRIC_GRAPHICS_UTIL
+    sm_active: float | None = None  # ratio; NVML_GPM_METRIC_SM_UTIL
+    sm_occupancy: float | None = None  # ratio; NVML_GPM_METRIC_SM_OCCUPANCY
+    tensor_active: float | None = None  # ratio; NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    dram_active: float | None = None  # ratio; NVML_GPM_METRIC_DRAM_BW_UTIL
+    fp64_active: float | None = None  # ratio; NVML_GPM_METRIC_FP64_UTIL
+    fp32_active: float | None = None  # ratio; NVML_GPM_METRIC_FP32_UTIL
+    fp16_active: float | None = None  # ratio; NVML_GPM_METRIC_FP16_UTIL
+    pcie_tx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    pcie_rx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_PCIE_RX_PER_SEC
+    nvlink_tx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
+    nvlink_rx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+
+
 class GpuBackend(Protocol):
     """What the NVML collector needs from a source of readings (live NVML or a recording).
 
@@ -159,6 +193,11 @@ class GpuBackend(Protocol):
 
     def read_costly(self, index: int) -> SlowReading:
         """Only energy and the COSTLY_CLOCK_EVENT_COUNTERS; other fields None/empty."""
+        ...
+
+    def read_profile(self, index: int) -> ProfileReading:
+        """GPM metrics since the previous read_profile of this GPU (one GPM sample and one
+        metrics computation per call)."""
         ...
 
     def wait_xid(self, timeout_ms: int) -> list[tuple[int, int]]:
@@ -194,10 +233,11 @@ def merge_costly(slow: SlowReading | None, costly: SlowReading | None) -> SlowRe
     )
 
 
-R = TypeVar("R", StaticReading, FastReading, SlowReading)
+R = TypeVar("R", StaticReading, FastReading, SlowReading, ProfileReading)
+AnyReading = StaticReading | FastReading | SlowReading | ProfileReading
 
 
-def reading_to_dict(reading: StaticReading | FastReading | SlowReading) -> dict[str, Any]:
+def reading_to_dict(reading: AnyReading) -> dict[str, Any]:
     """A JSON-ready dict; None fields are left out to keep recordings small."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(reading):
@@ -205,7 +245,14 @@ def reading_to_dict(reading: StaticReading | FastReading | SlowReading) -> dict[
         if v is None or (isinstance(v, (dict, tuple)) and not v):
             continue
         if f.name == "processes":
-            v = [dataclasses.asdict(p) for p in v]
+            v = [
+                {
+                    k: x
+                    for k, x in dataclasses.asdict(p).items()
+                    if x is not None or k not in PROCESS_UTIL_FIELDS
+                }
+                for p in v
+            ]
         elif isinstance(v, Mapping):
             v = dict(v)
         out[f.name] = v
@@ -226,6 +273,7 @@ def reading_from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
                     _opt_float(p.get("used_memory")),
                     str(p.get("type", "C")),
                     str(p.get("name", "")),
+                    *(_opt_float(p.get(k)) for k in PROCESS_UTIL_FIELDS),
                 )
                 for p in v
             )
