@@ -3,7 +3,8 @@
 Cadence, stated in each HELP so scrapers know what they read: "fast" values are read
 every tick (NVML calls of about 2 µs), "slow" ones every ``slow_interval`` (5 s; field
 values, BAR1, PCIe: 5-150 µs each), "costly" ones every ``costly_interval`` (10 s; total
-energy about 3 ms, two clock-event counters about 0.6 ms each), "profile" ones (NVML GPM,
+energy about 3 ms, two clock-event counters about 0.6 ms for both; energy itself only every
+``energy_interval``, 60 s), "profile" ones (NVML GPM,
 Hopper and newer) every ``profile_interval`` (5 s; averaged over the interval between two
 GPM samples; 1-3 ms), "static" ones at start and every ``static_interval`` (300 s; max
 clocks about 1.4 ms each). Costs measured on an H200,
@@ -70,8 +71,8 @@ SIGNALS = [
         "sample_age",
         "gauge",
         "seconds",
-        "Age of the values of one cadence tier (fast, slow, costly, profile, static) at the "
-        "last "
+        "Age of the values of one cadence tier (fast, slow, costly, energy, profile, "
+        "static) at the last "
         "collection.",
         "moptd_gpu_sample_age_seconds",
         labels=("tier",),
@@ -192,7 +193,7 @@ SIGNALS = [
         "energy",
         "counter",
         "joules",
-        "Energy used since the driver loaded; costly tier (10 s).",
+        "Energy used since the driver loaded; energy tier (60 s).",
         "moptd_gpu_energy_joules_total",
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     ),

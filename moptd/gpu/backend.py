@@ -321,12 +321,13 @@ class NvmlBackend:
             processes=self._processes(index, h),
         )
 
-    def read_costly(self, index: int) -> SlowReading:
-        """Total energy (about 3 ms, p99 16 ms) and the HW thermal / power-brake
-        clock-event counters (about 0.6 ms each), for the slower "costly" cadence."""
+    def read_costly(self, index: int, energy: bool = True) -> SlowReading:
+        """Total energy (about 3 ms, p99 16 ms; only with ``energy``) and the HW thermal /
+        power-brake clock-event counters (0.6 ms for both: one field-values call costs what
+        one of them costs alone), for the slower "costly" cadence."""
         h = self._h(index)
         q = self.query
-        energy = q(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        total = q(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, h) if energy else None
         keys = list(COSTLY_FIELDS)
         raw = q(index, pynvml.nvmlDeviceGetFieldValues, h, [COSTLY_FIELDS[k] for k in keys])
         cet: dict[str, float] = {}
@@ -334,7 +335,7 @@ class NvmlBackend:
             v = field_value(fv)
             if v is not None:
                 cet[k[4:]] = v / 1e9
-        return SlowReading(energy=None if energy is None else energy / 1000.0, clock_event_time=cet)
+        return SlowReading(energy=None if total is None else total / 1000.0, clock_event_time=cet)
 
     def _nvlink_up(self, index: int, h: Any) -> float | None:
         """Links up, or None on a GPU without NVLink (learned once: the first refusal)."""

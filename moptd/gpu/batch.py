@@ -79,7 +79,9 @@ _REASON_LABELS = tuple(
     (bit, f"reason:{reason}", labels_of(reason=reason)) for bit, reason in CLOCK_EVENT_REASONS
 )
 _FAST_SIGNALS = tuple((f, f"gpu.{f}") for f in _FAST_FIELDS)
-_TIER_LABELS = {t: labels_of(tier=t) for t in ("static", "fast", "slow", "costly", "profile")}
+_TIER_LABELS = {
+    t: labels_of(tier=t) for t in ("static", "fast", "slow", "costly", "energy", "profile")
+}
 
 
 def add_fast(

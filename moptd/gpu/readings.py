@@ -191,8 +191,9 @@ class GpuBackend(Protocol):
         """Everything of SlowReading except the costly values (see read_costly)."""
         ...
 
-    def read_costly(self, index: int) -> SlowReading:
-        """Only energy and the COSTLY_CLOCK_EVENT_COUNTERS; other fields None/empty."""
+    def read_costly(self, index: int, energy: bool = True) -> SlowReading:
+        """Only energy and the COSTLY_CLOCK_EVENT_COUNTERS; other fields None/empty.
+        energy=False leaves the total-energy counter (3 ms, the dearest call) unread."""
         ...
 
     def read_profile(self, index: int) -> ProfileReading:

@@ -313,10 +313,12 @@ class RecordedBackend:
         r = self._next(index, "slow")
         return split_costly(r)[0] if isinstance(r, SlowReading) else SlowReading()
 
-    def read_costly(self, index: int) -> SlowReading:
-        """The costly part of the slow stream (its own cursor: a slower cadence)."""
+    def read_costly(self, index: int, energy: bool = True) -> SlowReading:
+        """The costly part of the slow stream (its own cursor: a slower cadence); without
+        ``energy``, as the live backend, no energy value."""
         r = self._next(index, "costly")
-        return split_costly(r)[1] if isinstance(r, SlowReading) else SlowReading()
+        costly = split_costly(r)[1] if isinstance(r, SlowReading) else SlowReading()
+        return costly if energy else replace(costly, energy=None)
 
     def read_profile(self, index: int) -> ProfileReading:
         """The next profile entry; a recording without any (version 1) has no GPM values."""
