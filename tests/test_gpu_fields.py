@@ -48,8 +48,10 @@ def _full(cls: type, **extra: object) -> object:
     for f in dataclasses.fields(cls):
         if f.name in extra:
             values[f.name] = extra[f.name]
-        elif f.name in ("clock_event_time", "nvlink_errors"):
+        elif f.name in ("clock_event_time", "nvlink_errors", "nvlink_link_up"):
             values[f.name] = {"a": 1.0}
+        elif f.name in ("nvlink_link_errors", "nvlink_link_bytes"):
+            values[f.name] = {"0:a": 1.0}
         elif f.name == "processes":
             values[f.name] = (
                 ProcessReading(

@@ -17,7 +17,7 @@ from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext
 from moptd.collectors.nvml import NvmlCollector
 from moptd.daemon.exporter import render_families
-from moptd.gpu.batch import PROCESS_UTIL_CAP, add_processes
+from moptd.gpu.batch import PROCESS_UTIL_CAP, add_processes, add_slow
 from moptd.gpu.readings import (
     ProcessReading,
     ProfileReading,
@@ -269,3 +269,31 @@ def test_random_process_entries_raise_only_recording_error(proc: dict[str, objec
         parse_recording([line], "fuzz.jsonl")
     except RecordingError:
         pass
+
+
+def test_per_link_nvlink_values_become_labelled_series_and_round_trip():
+    slow = SlowReading(
+        nvlink_links_active=2.0,
+        nvlink_link_up={"0": 1.0, "1": 1.0, "10": 0.0},
+        nvlink_link_errors={"10:replay": 0.0, "1:replay": 3.0, "0:crc": 1.0},
+        nvlink_link_bytes={"0:tx": 1024.0, "0:rx": 2048.0},
+    )
+    assert reading_from_dict(SlowReading, reading_to_dict(slow)) == slow
+    batch = Batch()
+    add_slow(batch, 0, slow)
+    got = [
+        (s.signal, dict(s.labels), s.value)
+        for s in batch.samples
+        if s.signal.startswith("gpu.nvlink_link_")
+    ]
+    assert ("gpu.nvlink_link_up", {"link": "10"}, 0.0) in got
+    assert ("gpu.nvlink_link_errors", {"link": "1", "counter": "replay"}, 3.0) in got
+    assert ("gpu.nvlink_link_bytes", {"link": "0", "direction": "rx"}, 2048.0) in got
+    errors = [g[1]["link"] for g in got if g[0] == "gpu.nvlink_link_errors"]
+    assert errors == ["0", "1", "10"]  # numeric link order
+
+
+def test_the_h200_vm_has_no_per_link_series():
+    """NVML refused every NVLink call on the probe's VM: nothing per link is recorded."""
+    signals = {s.signal for _, b in read_samples(RECORDING) for s in b.samples}
+    assert not any(name.startswith("gpu.nvlink_link_") for name in signals)

@@ -347,6 +347,36 @@ SIGNALS = [
         labels=("counter",),
     ),
     _g(
+        "nvlink_link_up",
+        "gauge",
+        "bool",
+        "1 when the NVLink link is up, 0 when down, by link (nvmlDeviceGetNvLinkState); absent "
+        "on a GPU without NVLink; slow tier.",
+        "moptd_gpu_nvlink_link_up",
+        "DCGM_FI_DEV_NVLINK_LINK_STATUS (nvidia-smi nvlink -s)",
+        labels=("link",),
+    ),
+    _g(
+        "nvlink_link_errors",
+        "counter",
+        "count",
+        "NVLink data-link error counters by link and counter (replay, recovery, crc; NVML "
+        "fields 161-163 with scopeId = link), for links that are up; slow tier.",
+        "moptd_gpu_nvlink_link_errors_total",
+        "DCGM_FI_DEV_NVLINK_{REPLAY,RECOVERY,CRC_FLIT}_ERROR_COUNT_L*",
+        labels=("link", "counter"),
+    ),
+    _g(
+        "nvlink_link_bytes",
+        "counter",
+        "bytes",
+        "NVLink data bytes by link and direction (tx, rx) since the driver loaded (NVML "
+        "fields 138/139 with scopeId = link, KiB x 1024), for links that are up; slow tier.",
+        "moptd_gpu_nvlink_link_data_bytes_total",
+        "DCGM_FI_PROF_NVLINK_L*_TX_BYTES / _RX_BYTES (rates)",
+        labels=("link", "direction"),
+    ),
+    _g(
         "recovery_action",
         "gauge",
         "",

@@ -125,6 +125,9 @@ def add_slow(batch: Batch, index: int, r: SlowReading) -> None:
             batch.add("gpu.retired_pages", subject, float(v), labels_of(cause=cause))
     _add_labelled(batch, "gpu.clock_event_time", subject, "reason", r.clock_event_time)
     _add_labelled(batch, "gpu.nvlink_errors", subject, "counter", r.nvlink_errors)
+    _add_labelled(batch, "gpu.nvlink_link_up", subject, "link", r.nvlink_link_up)
+    _add_per_link(batch, "gpu.nvlink_link_errors", subject, "counter", r.nvlink_link_errors)
+    _add_per_link(batch, "gpu.nvlink_link_bytes", subject, "direction", r.nvlink_link_bytes)
     add_processes(batch, index, r.processes)
 
 
@@ -163,6 +166,20 @@ def _add_labelled(
 ) -> None:
     for key in sorted(values):
         batch.add(signal, subject, float(values[key]), labels_of({label: key}))
+
+
+def _add_per_link(
+    batch: Batch, signal: str, subject: str, label: str, values: Mapping[str, float]
+) -> None:
+    """Keys "<link>:<value of label>"."""
+    for key in sorted(values, key=_link_order):
+        link, _, what = key.partition(":")
+        batch.add(signal, subject, float(values[key]), labels_of({"link": link, label: what}))
+
+
+def _link_order(key: str) -> tuple[int, str]:
+    link, _, what = key.partition(":")
+    return (int(link) if link.isdigit() else -1, what)
 
 
 def add_ages(batch: Batch, index: int, ages: Mapping[str, float]) -> None:

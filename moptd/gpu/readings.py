@@ -35,6 +35,10 @@ COSTLY_CLOCK_EVENT_COUNTERS = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 # Label values of gpu.nvlink_errors (NVML_NVLINK_ERROR_DL_* and the *_COUNT_TOTAL fields).
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
+# Counter label values of gpu.nvlink_link_errors (fields 161-163, NVML_FI_DEV_NVLINK_ERROR_DL_*,
+# read per link).
+NVLINK_LINK_COUNTERS = ("replay", "recovery", "crc")
+NVLINK_MAPPINGS = ("nvlink_link_up", "nvlink_link_errors", "nvlink_link_bytes")
 
 
 class GpuLost(Exception):
@@ -147,6 +151,12 @@ class SlowReading:
     remap_failure: float | None = None  # 0/1; remapped_rows.failure
     nvlink_links_active: float | None = None  # links whose state is up
     nvlink_errors: Mapping[str, float] = field(default_factory=dict)  # summed over links
+    # Per link (label "link", the NVML link index as text): state 1 up / 0 down, and from one
+    # batched field-values call with scopeId = link the DL error counters (keys
+    # "<link>:<counter>", NVLINK_LINK_COUNTERS) and the data bytes ("<link>:tx", "<link>:rx").
+    nvlink_link_up: Mapping[str, float] = field(default_factory=dict)
+    nvlink_link_errors: Mapping[str, float] = field(default_factory=dict)
+    nvlink_link_bytes: Mapping[str, float] = field(default_factory=dict)
     recovery_action: float | None = None  # field 230; -q "GPU Recovery Action"
     processes: tuple[ProcessReading, ...] = ()
 
@@ -278,7 +288,7 @@ def reading_from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
                 )
                 for p in v
             )
-        elif f.name in ("clock_event_time", "nvlink_errors"):
+        elif f.name in ("clock_event_time", "nvlink_errors", *NVLINK_MAPPINGS):
             v = {str(k): float(x) for k, x in dict(v).items()}
         elif f.name in ("index", "clock_event_reasons"):
             v = None if v is None else int(v)

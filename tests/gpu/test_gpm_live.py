@@ -321,3 +321,29 @@ def test_record_command_records_the_profile_tier(tmp_path: Path, gpm: Any):
         for p in ln["reading"].get("processes", [])
     ]
     assert any(p.get("sm_util") is not None for p in procs)
+
+
+def test_nvlink_links_agree_with_nvidia_smi_nvlink_status(backend: Any):
+    """`nvidia-smi nvlink -s` prints one "Link N: <speed>" line per link ("<inactive>" when
+    down) and nothing on a GPU without NVLink (the lent H200 VM)."""
+    out = subprocess.run(
+        ["nvidia-smi", "nvlink", "-s", "-i", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    smi: dict[str, float] = {}
+    for ln in out.splitlines():
+        head, _, rest = ln.strip().partition(":")
+        if head.startswith("Link ") and head[5:].isdigit():
+            smi[head[5:]] = 0.0 if "inactive" in rest.lower() else 1.0
+    slow = backend.read_slow(0)
+    assert slow.nvlink_link_up == smi
+    if smi:
+        assert slow.nvlink_links_active == sum(smi.values())
+        up = [k for k, v in smi.items() if v]
+        assert {k.partition(":")[0] for k in slow.nvlink_link_bytes} <= set(up)
+    else:
+        assert slow.nvlink_links_active is None
+        assert slow.nvlink_link_errors == {}
+        assert slow.nvlink_link_bytes == {}
