@@ -11,6 +11,7 @@ from moptd.catalog import CATALOG
 from moptd.gpu.batch import gpu_batch
 from moptd.gpu.readings import (
     FastReading,
+    MigReading,
     ProcessReading,
     ProfileReading,
     SlowReading,
@@ -30,6 +31,7 @@ SHAPED = {
     "retired_pages_sbe": "gpu.retired_pages",
     "retired_pages_dbe": "gpu.retired_pages",
     "processes": "process.gpu_memory",
+    "mig_devices": "gpu.mig_memory_used, gpu.mig_memory_total",
 }
 # gpu.* signals the collectors add beside a reading: the NVML collector's own (lost, last
 # error, Xid events) and the kernel-log collector's Xid counts.
@@ -50,8 +52,10 @@ def _full(cls: type, **extra: object) -> object:
             values[f.name] = extra[f.name]
         elif f.name in ("clock_event_time", "nvlink_errors", "nvlink_link_up"):
             values[f.name] = {"a": 1.0}
-        elif f.name in ("nvlink_link_errors", "nvlink_link_bytes"):
+        elif f.name in ("nvlink_link_errors", "nvlink_link_bytes", "mig_activity"):
             values[f.name] = {"0:a": 1.0}
+        elif f.name == "mig_devices":
+            values[f.name] = (MigReading(1, 0, "MIG-x", 2.0, 1.0),)
         elif f.name == "processes":
             values[f.name] = (
                 ProcessReading(

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext
 from moptd.collectors.nvml import NvmlCollector
 from moptd.daemon.exporter import render_families
-from moptd.gpu.batch import PROCESS_UTIL_CAP, add_processes, add_slow
+from moptd.gpu.batch import PROCESS_UTIL_CAP, add_processes, add_profile, add_slow
 from moptd.gpu.readings import (
+    MigReading,
     ProcessReading,
     ProfileReading,
     SlowReading,
@@ -297,3 +299,48 @@ def test_the_h200_vm_has_no_per_link_series():
     """NVML refused every NVLink call on the probe's VM: nothing per link is recorded."""
     signals = {s.signal for _, b in read_samples(RECORDING) for s in b.samples}
     assert not any(name.startswith("gpu.nvlink_link_") for name in signals)
+
+
+def test_mig_devices_and_activity_become_labelled_series_and_round_trip():
+    slow = SlowReading(
+        mig_devices=(
+            MigReading(1, 0, "MIG-a", 10.0 * 2**30, 2.0 * 2**30),
+            MigReading(2, 0, "MIG-b", 20.0 * 2**30, None),
+        )
+    )
+    profile = ProfileReading(gpm_supported=1.0, mig_activity={"1:sm_active": 0.5})
+    assert reading_from_dict(SlowReading, reading_to_dict(slow)) == slow
+    assert reading_from_dict(ProfileReading, reading_to_dict(profile)) == profile
+    out = io.StringIO()
+    rec = load_recording(OLD_RECORDING)
+    rec.entries.append(replace(rec.entries[-1], reading=slow))
+    dump_recording(rec, out)
+    assert json.loads(out.getvalue().splitlines()[0])["format"] == FORMAT  # needs version 2
+    batch = Batch()
+    add_slow(batch, 0, slow)
+    add_profile(batch, 0, profile)
+    got = {(s.signal, s.labels, s.value) for s in batch.samples if "mig" in s.signal}
+    gi1 = (("compute_instance", "0"), ("gpu_instance", "1"))
+    assert ("gpu.mig_memory_used", gi1, 2.0 * 2**30) in got
+    assert ("gpu.mig_memory_total", gi1, 10.0 * 2**30) in got
+    assert not any(s == "gpu.mig_memory_used" and "2" in dict(lab).values() for s, lab, _ in got)
+    assert ("gpu.mig_activity", (("gpu_instance", "1"), ("metric", "sm_active")), 0.5) in got
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["gpu_instance", "compute_instance", "uuid", "memory_used"]),
+            _value,
+            max_size=4,
+        ),
+        max_size=3,
+    )
+)
+def test_random_mig_entries_raise_only_recording_error(devices: list[dict[str, object]]):
+    line = json.dumps({"gpu": 0, "tier": "slow", "reading": {"mig_devices": devices}})
+    try:
+        parse_recording([line], "fuzz.jsonl")
+    except RecordingError:
+        pass

@@ -377,6 +377,25 @@ SIGNALS = [
         labels=("link", "direction"),
     ),
     _g(
+        "mig_memory_used",
+        "gauge",
+        "bytes",
+        "Memory in use in a MIG device's GPU instance, by GPU and compute instance id (MIG on "
+        "only); slow tier.",
+        "moptd_gpu_mig_memory_used_bytes",
+        "DCGM_FI_DEV_FB_USED (per MIG instance)",
+        labels=("gpu_instance", "compute_instance"),
+    ),
+    _g(
+        "mig_memory_total",
+        "gauge",
+        "bytes",
+        "Memory of a MIG device's GPU instance (MIG on only); slow tier.",
+        "moptd_gpu_mig_memory_total_bytes",
+        "DCGM_FI_DEV_FB_TOTAL (per MIG instance)",
+        labels=("gpu_instance", "compute_instance"),
+    ),
+    _g(
         "recovery_action",
         "gauge",
         "",
@@ -496,6 +515,17 @@ SIGNALS = [
         "included); profile tier.",
         "moptd_gpu_nvlink_receive_bytes_per_second",
         "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    ),
+    _g(
+        "mig_activity",
+        "gauge",
+        "ratio",
+        "GPM activity of one MIG GPU instance, by instance and metric (gr_engine_active, "
+        "sm_active, sm_occupancy, tensor_active, dram_active, fp64/fp32/fp16_active; "
+        "nvmlGpmMigSampleGet); MIG on only; profile tier.",
+        "moptd_gpu_mig_activity_ratio",
+        "DCGM_FI_PROF_* with GPU_I_ID",
+        labels=("gpu_instance", "metric"),
     ),
     # --- static tier ---
     _g(

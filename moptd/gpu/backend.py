@@ -22,11 +22,13 @@ import pynvml
 from moptd.gpu.readings import (
     CLOCK_EVENT_COUNTERS,
     COSTLY_CLOCK_EVENT_COUNTERS,
+    MIG_ACTIVITY_METRICS,
     NVLINK_COUNTERS,
     NVLINK_LINK_COUNTERS,
     BackendUnavailable,
     FastReading,
     GpuLost,
+    MigReading,
     NvmlCallError,
     ProcessReading,
     ProfileReading,
@@ -171,6 +173,9 @@ class NvmlBackend:
         self._driver = ""
         self._gpm: dict[int, _Gpm] = {}  # index -> GPM state (samples kept between reads)
         self._util_seen: dict[int, int] = {}  # index -> newest process-utilisation timestamp
+        self._mig_on: dict[int, bool] = {}  # index -> MIG mode, from the last static read
+        self._mig_gis: dict[int, tuple[int, ...]] = {}  # index -> GPU instances, last slow read
+        self._gpm_mig: dict[tuple[int, int], _Gpm] = {}  # (index, GPU instance) -> GPM state
 
     # --- the error policy -------------------------------------------------------
     def query(self, index: int, fn: Callable[..., T], *args: Any) -> T | None:
@@ -209,9 +214,10 @@ class NvmlBackend:
             self._handles[i] = pynvml.nvmlDeviceGetHandleByIndex(i)
 
     def shutdown(self) -> None:
-        for gpm in self._gpm.values():
+        for gpm in (*self._gpm.values(), *self._gpm_mig.values()):
             gpm.free()
         self._gpm.clear()
+        self._gpm_mig.clear()
         if self._event_set is not None:
             try:
                 pynvml.nvmlEventSetFree(self._event_set)
@@ -245,6 +251,7 @@ class NvmlBackend:
         mig = q(index, pynvml.nvmlDeviceGetMigMode, h)
         sm_max = q(index, pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM)
         mem_max = q(index, pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM)
+        self._mig_on[index] = mig is not None and bool(mig[0])
         limit = q(index, pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         default = q(index, pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h)
         return StaticReading(
@@ -335,6 +342,7 @@ class NvmlBackend:
             nvlink_link_up=link_up,
             nvlink_link_errors=link_errors,
             nvlink_link_bytes=link_bytes,
+            mig_devices=self._mig_devices(index, h),
             recovery_action=vals.get("recovery_action"),
             processes=self._processes(index, h),
         )
@@ -482,12 +490,80 @@ class NvmlBackend:
         mg = gpm.request(prev, cur)
         if self.query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
             return ProfileReading(gpm_supported=1.0)
-        values: dict[str, float | None] = {}
-        for i, (name, _mid, scale) in enumerate(GPM_METRICS):
-            m = mg.metrics[i]
-            v = float(m.value) if m.nvmlReturn == pynvml.NVML_SUCCESS else math.nan
-            values[name] = v * scale if math.isfinite(v) and v >= 0 else None
-        return ProfileReading(gpm_supported=1.0, **values)
+        values = _metric_values(mg)
+        return ProfileReading(
+            gpm_supported=1.0, mig_activity=self._mig_activity(index, h), **values
+        )
+
+    # --- MIG ------------------------------------------------------------------------
+    def _mig_devices(self, index: int, h: Any) -> tuple[MigReading, ...]:
+        """The MIG devices of a GPU with MIG on (its mode from the last static read): one
+        nvmlDeviceGetMigDeviceHandleByIndex per slot, then its instance ids and memory."""
+        if not self._mig_on.get(index):
+            self._mig_gis.pop(index, None)
+            return ()
+        count = self._mig_query(index, pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        out: list[MigReading] = []
+        for slot in range(int(count)):
+            mh = self._mig_query(index, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
+            if mh is None:
+                continue  # an empty slot: NOT_FOUND
+            gi = self._mig_query(index, pynvml.nvmlDeviceGetGpuInstanceId, mh)
+            ci = self._mig_query(index, pynvml.nvmlDeviceGetComputeInstanceId, mh)
+            if gi is None or ci is None:
+                continue
+            mem = self._mig_query(index, pynvml.nvmlDeviceGetMemoryInfo, mh)
+            uuid = self._mig_query(index, pynvml.nvmlDeviceGetUUID, mh)
+            out.append(
+                MigReading(
+                    int(gi),
+                    int(ci),
+                    _text(uuid or ""),
+                    None if mem is None else float(mem.total),
+                    None if mem is None else float(mem.used),
+                )
+            )
+        self._mig_gis[index] = tuple(sorted({m.gpu_instance for m in out}))
+        return tuple(out)
+
+    def _mig_query(self, index: int, fn: Callable[..., T], *args: Any) -> T | None:
+        """query() for the MIG calls: NOT_FOUND and INVALID_ARGUMENT (an empty slot, an
+        instance destroyed meanwhile) are None too, and a failed MIG call is logged once
+        and None rather than costing the whole slow tier; a lost GPU still raises."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in _LOST:
+                raise GpuLost(index, code, str(exc)) from None
+            if code not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                self._log_once(fn, code)
+            return None
+
+    def _mig_activity(self, index: int, h: Any) -> dict[str, float]:
+        """GPM ratios per GPU instance (nvmlGpmMigSampleGet), for the instances the last
+        slow read found; "<gpu instance>:<metric>"."""
+        out: dict[str, float] = {}
+        gis = self._mig_gis.get(index, ())
+        for key in [k for k in self._gpm_mig if k[0] == index and k[1] not in gis]:
+            self._gpm_mig.pop(key).free()  # an instance destroyed since
+        for gi in gis:
+            gpm = self._gpm_mig.setdefault((index, gi), _Gpm(True))
+            cur = gpm.take_spare()
+            if self._mig_query(index, pynvml.nvmlGpmMigSampleGet, h, gi, cur) is None:
+                gpm.spare = cur
+                continue
+            prev, gpm.prev = gpm.prev, cur
+            if prev is None:
+                continue
+            gpm.spare = prev
+            mg = gpm.request(prev, cur)
+            if self._mig_query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
+                continue
+            for name, v in _metric_values(mg).items():
+                if v is not None and name in MIG_ACTIVITY_METRICS:
+                    out[f"{gi}:{name}"] = v
+        return out
 
     # --- for bench/nvml_cost.py -------------------------------------------------------------
     def calls(self, index: int) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -730,6 +806,16 @@ def _allow_not_found(fn: Callable[[], Any]) -> Callable[[], Any]:
             return None
 
     return call
+
+
+def _metric_values(mg: Any) -> dict[str, float | None]:
+    """GPM_METRICS' values from a computed request, in base units; None where refused."""
+    values: dict[str, float | None] = {}
+    for i, (name, _mid, scale) in enumerate(GPM_METRICS):
+        m = mg.metrics[i]
+        v = float(m.value) if m.nvmlReturn == pynvml.NVML_SUCCESS else math.nan
+        values[name] = v * scale if math.isfinite(v) and v >= 0 else None
+    return values
 
 
 def _ratio(pct: Any) -> float:

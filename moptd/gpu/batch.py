@@ -126,8 +126,16 @@ def add_slow(batch: Batch, index: int, r: SlowReading) -> None:
     _add_labelled(batch, "gpu.clock_event_time", subject, "reason", r.clock_event_time)
     _add_labelled(batch, "gpu.nvlink_errors", subject, "counter", r.nvlink_errors)
     _add_labelled(batch, "gpu.nvlink_link_up", subject, "link", r.nvlink_link_up)
-    _add_per_link(batch, "gpu.nvlink_link_errors", subject, "counter", r.nvlink_link_errors)
-    _add_per_link(batch, "gpu.nvlink_link_bytes", subject, "direction", r.nvlink_link_bytes)
+    _add_pairs(batch, "gpu.nvlink_link_errors", subject, ("link", "counter"), r.nvlink_link_errors)
+    _add_pairs(batch, "gpu.nvlink_link_bytes", subject, ("link", "direction"), r.nvlink_link_bytes)
+    for m in r.mig_devices:
+        labels = labels_of(
+            gpu_instance=str(m.gpu_instance), compute_instance=str(m.compute_instance)
+        )
+        if m.memory_used is not None:
+            batch.add("gpu.mig_memory_used", subject, m.memory_used, labels)
+        if m.memory_total is not None:
+            batch.add("gpu.mig_memory_total", subject, m.memory_total, labels)
     add_processes(batch, index, r.processes)
 
 
@@ -137,6 +145,7 @@ def add_profile(batch: Batch, index: int, r: ProfileReading) -> None:
         v = getattr(r, f)
         if v is not None:
             batch.add(f"gpu.{f}", subject, float(v))
+    _add_pairs(batch, "gpu.mig_activity", subject, ("gpu_instance", "metric"), r.mig_activity)
 
 
 def add_processes(batch: Batch, index: int, processes: tuple[ProcessReading, ...]) -> None:
@@ -168,16 +177,23 @@ def _add_labelled(
         batch.add(signal, subject, float(values[key]), labels_of({label: key}))
 
 
-def _add_per_link(
-    batch: Batch, signal: str, subject: str, label: str, values: Mapping[str, float]
+def _add_pairs(
+    batch: Batch,
+    signal: str,
+    subject: str,
+    labels: tuple[str, str],
+    values: Mapping[str, float],
 ) -> None:
-    """Keys "<link>:<value of label>"."""
-    for key in sorted(values, key=_link_order):
-        link, _, what = key.partition(":")
-        batch.add(signal, subject, float(values[key]), labels_of({"link": link, label: what}))
+    """Keys "<first label's value>:<second label's value>", e.g. "3:replay" for
+    (link, counter); numeric first parts in numeric order."""
+    for key in sorted(values, key=_pair_order):
+        first, _, second = key.partition(":")
+        batch.add(
+            signal, subject, float(values[key]), labels_of({labels[0]: first, labels[1]: second})
+        )
 
 
-def _link_order(key: str) -> tuple[int, str]:
+def _pair_order(key: str) -> tuple[int, str]:
     link, _, what = key.partition(":")
     return (int(link) if link.isdigit() else -1, what)
 

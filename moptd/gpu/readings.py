@@ -85,6 +85,32 @@ PROCESS_UTIL_FIELDS = ("sm_util", "mem_util", "enc_util", "dec_util")
 
 
 @dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device (a compute instance in a GPU instance) of a GPU with MIG on: its
+    memory is the GPU instance's (nvmlDeviceGetMemoryInfo on the MIG device handle)."""
+
+    gpu_instance: int
+    compute_instance: int
+    uuid: str = ""  # MIG-...
+    memory_total: float | None = None  # bytes
+    memory_used: float | None = None  # bytes
+
+
+# The GPM ratios read per GPU instance under MIG (nvmlGpmMigSampleGet): the label values
+# of gpu.mig_activity's "metric".
+MIG_ACTIVITY_METRICS = (
+    "gr_engine_active",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+)
+
+
+@dataclass(frozen=True, slots=True)
 class StaticReading:
     """Identity, limits, modes and maxima: read at start and every static_interval."""
 
@@ -157,6 +183,7 @@ class SlowReading:
     nvlink_link_up: Mapping[str, float] = field(default_factory=dict)
     nvlink_link_errors: Mapping[str, float] = field(default_factory=dict)
     nvlink_link_bytes: Mapping[str, float] = field(default_factory=dict)
+    mig_devices: tuple[MigReading, ...] = ()  # MIG on only
     recovery_action: float | None = None  # field 230; -q "GPU Recovery Action"
     processes: tuple[ProcessReading, ...] = ()
 
@@ -182,6 +209,8 @@ class ProfileReading:
     pcie_rx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_PCIE_RX_PER_SEC
     nvlink_tx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
     nvlink_rx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+    # Under MIG: "<gpu instance>:<metric>" -> ratio, metric one of MIG_ACTIVITY_METRICS.
+    mig_activity: Mapping[str, float] = field(default_factory=dict)
 
 
 class GpuBackend(Protocol):
@@ -255,7 +284,9 @@ def reading_to_dict(reading: AnyReading) -> dict[str, Any]:
         v = getattr(reading, f.name)
         if v is None or (isinstance(v, (dict, tuple)) and not v):
             continue
-        if f.name == "processes":
+        if f.name == "mig_devices":
+            v = [dataclasses.asdict(m) for m in v]
+        elif f.name == "processes":
             v = [
                 {
                     k: x
@@ -288,7 +319,18 @@ def reading_from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
                 )
                 for p in v
             )
-        elif f.name in ("clock_event_time", "nvlink_errors", *NVLINK_MAPPINGS):
+        elif f.name == "mig_devices":
+            v = tuple(
+                MigReading(
+                    int(m["gpu_instance"]),
+                    int(m["compute_instance"]),
+                    str(m.get("uuid", "")),
+                    _opt_float(m.get("memory_total")),
+                    _opt_float(m.get("memory_used")),
+                )
+                for m in v
+            )
+        elif f.name in ("clock_event_time", "nvlink_errors", "mig_activity", *NVLINK_MAPPINGS):
             v = {str(k): float(x) for k, x in dict(v).items()}
         elif f.name in ("index", "clock_event_reasons"):
             v = None if v is None else int(v)

@@ -51,6 +51,7 @@ from moptd.gpu.backend import GPM_METRICS, NvmlBackend
 from moptd.gpu.batch import add_fast, add_profile, add_slow, gpu_batch
 from moptd.gpu.nvsmi import read_dump
 from moptd.gpu.readings import (
+    NVLINK_MAPPINGS,
     PROCESS_UTIL_FIELDS,
     FastReading,
     GpuLost,
@@ -209,12 +210,17 @@ def _write_header(rec: Recording, fmt: str, out: TextIO) -> None:
 
 
 def _needs_v2(rec: Recording) -> bool:
+    """Whether an entry holds what version 2 added: the profile tier, per-process
+    utilisation, per-link NVLink values, MIG devices."""
     for e in rec.entries:
         if e.tier == "profile":
             return True
-        if isinstance(e.reading, SlowReading) and any(
-            getattr(p, f) is not None for p in e.reading.processes for f in PROCESS_UTIL_FIELDS
-        ):
+        r = e.reading
+        if not isinstance(r, SlowReading):
+            continue
+        if r.mig_devices or any(getattr(r, f) for f in NVLINK_MAPPINGS):
+            return True
+        if any(getattr(p, f) is not None for p in r.processes for f in PROCESS_UTIL_FIELDS):
             return True
     return False
 
@@ -497,7 +503,7 @@ def _probe_profile(gpm: dict[str, Any]) -> ProfileReading:
         m = by_id.get(mid)
         ok = m is not None and m.get("return") == 0 and m.get("value") is not None
         values[field_name] = float(m["value"]) * scale if ok and m is not None else None
-    return ProfileReading(gpm_supported=1.0, **values)
+    return ProfileReading(gpm_supported=1.0, mig_activity={}, **values)
 
 
 # --- gpu/samples.jsonl rows ----------------------------------------------------------

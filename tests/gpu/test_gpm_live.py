@@ -347,3 +347,25 @@ def test_nvlink_links_agree_with_nvidia_smi_nvlink_status(backend: Any):
         assert slow.nvlink_links_active is None
         assert slow.nvlink_link_errors == {}
         assert slow.nvlink_link_bytes == {}
+
+
+def test_mig_devices_agree_with_nvidia_smi_list(backend: Any):
+    """`nvidia-smi -L` lists each MIG device under its GPU ("  MIG 1g.10gb Device 0: (UUID:
+    MIG-...)"); with MIG off (the lent H200: never switched on here) there are none."""
+    out = subprocess.run(
+        ["nvidia-smi", "-L"], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    gpus = out.split("\nGPU ")
+    smi_uuids = {
+        ln.split("UUID:")[1].strip(" )")
+        for ln in gpus[0].splitlines()
+        if ln.strip().startswith("MIG ") and "UUID:" in ln
+    }
+    backend.read_static(0)  # the MIG mode the slow tier goes by
+    slow = backend.read_slow(0)
+    assert {m.uuid for m in slow.mig_devices} == smi_uuids
+    for m in slow.mig_devices:
+        assert m.memory_total is not None
+        assert m.memory_total > 0
+    if not smi_uuids:
+        assert window(backend).mig_activity == {}
