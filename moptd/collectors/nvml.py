@@ -147,7 +147,7 @@ class NvmlCollector(Collector):
         # every other value at the default cadences is 303 µs a GPU a second (fast 23 µs
         # every 1 s, slow 1023 µs every 5 s, fields 270+271 633 µs every 10 s, static
         # 3741 µs every 300 s, same run). Energy every 60 s adds 3108 / 60 = 52 µs, 0.17 of
-        # that floor: the amortised cost stays within 1.2x of it (every 10 s it was 1.9x).
+        # that floor: the amortised cost stays within 1.2x of it (every 10 s it was 2.0x).
         # The counter is cumulative, so a slower read loses no energy, only freshness.
         "energy_interval": Option(
             (int, float),
