@@ -467,33 +467,40 @@ class NvmlBackend:
 
     # --- the profile tier (GPM) ------------------------------------------------------
     def read_profile(self, index: int) -> ProfileReading:
-        """One GPM sample; the exported metrics over the window since the previous one.
-        A GPU without GPM reads gpm_supported = 0 (learned once)."""
+        """One GPM sample; the exported metrics over the window since the previous one,
+        and under MIG the same per GPU instance. A GPU without GPM reads gpm_supported = 0
+        (learned once; None when NVML will not say, e.g. without permission)."""
         h = self._h(index)
         gpm = self._gpm.get(index)
         if gpm is None:
             support = self.query(index, pynvml.nvmlGpmQueryDeviceSupport, h)
             supported = support is not None and bool(support.isSupportedDevice)
             gpm = self._gpm[index] = _Gpm(supported)
-            if not supported:
-                return ProfileReading(gpm_supported=None if support is None else 0.0)
+            gpm.answer = None if support is None else float(supported)
         if not gpm.supported:
-            return ProfileReading(gpm_supported=0.0)
-        cur = gpm.take_spare()
-        if self.query(index, pynvml.nvmlGpmSampleGet, h, cur) is None:
-            gpm.spare = cur
-            return ProfileReading(gpm_supported=1.0)
-        prev, gpm.prev = gpm.prev, cur
-        if prev is None:
-            return ProfileReading(gpm_supported=1.0)
-        gpm.spare = prev
-        mg = gpm.request(prev, cur)
-        if self.query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
-            return ProfileReading(gpm_supported=1.0)
-        values = _metric_values(mg)
+            return ProfileReading(gpm_supported=gpm.answer)
+        values = self._gpm_window(index, gpm, pynvml.nvmlGpmSampleGet, h)
         return ProfileReading(
             gpm_supported=1.0, mig_activity=self._mig_activity(index, h), **values
         )
+
+    def _gpm_window(
+        self, index: int, gpm: _Gpm, sample: Callable[..., Any], *args: Any
+    ) -> dict[str, float | None]:
+        """Take one sample with ``sample(*args, buffer)``; the metrics between it and the
+        previous one, or {} while there is no window (the first sample, a refused call)."""
+        cur = gpm.take_spare()
+        if self.query(index, sample, *args, cur) is None:
+            gpm.spare = cur
+            return {}
+        prev, gpm.prev = gpm.prev, cur
+        if prev is None:
+            return {}
+        gpm.spare = prev
+        mg = gpm.request(prev, cur)
+        if self.query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
+            return {}
+        return _metric_values(mg)
 
     # --- MIG ------------------------------------------------------------------------
     def _mig_devices(self, index: int, h: Any) -> tuple[MigReading, ...]:
@@ -549,18 +556,12 @@ class NvmlBackend:
             self._gpm_mig.pop(key).free()  # an instance destroyed since
         for gi in gis:
             gpm = self._gpm_mig.setdefault((index, gi), _Gpm(True))
-            cur = gpm.take_spare()
-            if self._mig_query(index, pynvml.nvmlGpmMigSampleGet, h, gi, cur) is None:
-                gpm.spare = cur
+            try:
+                values = self._gpm_window(index, gpm, pynvml.nvmlGpmMigSampleGet, h, gi)
+            except NvmlCallError as exc:  # one instance's refusal costs only its values
+                log.debug("nvml: GPU %d instance %d: %s", index, gi, exc)
                 continue
-            prev, gpm.prev = gpm.prev, cur
-            if prev is None:
-                continue
-            gpm.spare = prev
-            mg = gpm.request(prev, cur)
-            if self._mig_query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
-                continue
-            for name, v in _metric_values(mg).items():
+            for name, v in values.items():
                 if v is not None and name in MIG_ACTIVITY_METRICS:
                     out[f"{gi}:{name}"] = v
         return out
@@ -739,6 +740,7 @@ class _Gpm:
 
     def __init__(self, supported: bool) -> None:
         self.supported = supported
+        self.answer: float | None = float(supported)  # gpm_supported as reported
         self.prev: Any = None
         self.spare: Any = None
         self._request: Any = None
