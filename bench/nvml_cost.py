@@ -8,8 +8,8 @@ In one run, side by side, it measures CPU seconds (user + system, of this proces
 any subprocess) per GPU sample for:
 
 - moptd's collector per tick, fast tier only, and amortised over the default cadence
-  (one tick a second; slow every 5 s, costly every 10 s, static every 300 s), ticks 20 ms
-  apart (bench/nvml_ticks.py);
+  (one tick a second; slow and profile every 5 s, costly every 10 s, total energy every
+  60 s, static every 300 s), ticks 20 ms apart (bench/nvml_ticks.py);
 - a bare loop over the backend's tier reads (the NVML calls without the collector);
 - ``nvidia-smi --query-gpu=<the same fields> --format=csv`` (a subprocess per sample);
 - ``nvidia-smi -q -x``;
@@ -60,7 +60,10 @@ QUERY_FIELDS = [
 
 
 SPACING = 0.02  # seconds between ticks, for every row measured "on the tick grid"
-AMORTISED = "moptd collector, amortised (1 s tick; slow 5 s, costly 10 s, static 300 s)"
+AMORTISED = (
+    "moptd collector, amortised (1 s tick; slow, profile 5 s, costly 10 s, energy 60 s, "
+    "static 300 s)"
+)
 
 
 def cpu_now() -> float:
@@ -121,22 +124,41 @@ def bare_cost(backend: NvmlBackend, n_rounds: int) -> dict[str, list[float]]:
         for i in gpus:
             backend.read_costly(i)
 
+    def costly_fields() -> None:  # the costly tier between two energy reads
+        for i in gpus:
+            backend.read_costly(i, energy=False)
+
+    def profile() -> None:
+        for i in gpus:
+            backend.read_profile(i)
+
     f = rounds(fast, n_rounds, 100, ngpus)
     f_grid = spaced(fast, n_rounds, ngpus)
     s = rounds(slow, n_rounds, 20, ngpus)
     st = rounds(static, max(3, n_rounds // 3), 5, ngpus)
     co = rounds(costly, max(3, n_rounds // 3), 10, ngpus)
-    # The collector's default cadence: per 1-s tick, a fast read, 1/5 of a slow read,
-    # 1/10 of a costly one and 1/300 of a static one.
+    cf = rounds(costly_fields, max(3, n_rounds // 3), 10, ngpus)
+    profile()  # the first GPM read only takes a sample
+    pr = rounds(profile, max(3, n_rounds // 3), 10, ngpus)
+    # The collector's default cadence: per 1-s tick, a fast read, 1/5 of a slow and of a
+    # profile read, 1/10 of a costly one without energy, 1/60 of the energy call (a costly
+    # read with energy less one without) and 1/300 of a static one.
     st_median = statistics.median(st)
-    co_median = statistics.median(co)
-    amortised = [a + b / 5 + co_median / 10 + st_median / 300 for a, b in zip(f, s, strict=True)]
+    cf_median = statistics.median(cf)
+    energy = max(0.0, statistics.median(co) - cf_median)
+    pr_median = statistics.median(pr)
+    rest = cf_median / 10 + st_median / 300 + pr_median / 5
+    floor = [a + b / 5 + rest for a, b in zip(f, s, strict=True)]
+    amortised = [x + energy / 60 for x in floor]
     return {
         "fast": f,
         "fast_on_grid": f_grid,
         "slow": s,
         "costly": co,
+        "costly_without_energy": cf,
+        "profile": pr,
         "static": st,
+        "amortised_without_energy": floor,
         "amortised": amortised,
     }
 
@@ -144,7 +166,8 @@ def bare_cost(backend: NvmlBackend, n_rounds: int) -> dict[str, list[float]]:
 def per_call_table(backend: NvmlBackend) -> list[dict[str, Any]]:
     rows = []
     for tier, name, fn in backend.calls(0):
-        reps = 30 if tier == "static" or "Energy" in name else 300
+        dear = tier in ("static", "profile") or "Energy" in name or "ProcessUtil" in name
+        reps = 30 if dear else 300
         times: list[float] = []
         error = ""
         for _ in range(reps):
@@ -257,8 +280,11 @@ def main() -> int:
         "bare backend reads, fast tier, on the same tick grid": bare["fast_on_grid"],
         "bare backend reads, fast tier, back to back": bare["fast"],
         "bare backend reads, amortised": bare["amortised"],
+        "bare backend reads, amortised, without total energy": bare["amortised_without_energy"],
         "bare backend reads, slow tier": bare["slow"],
         "bare backend reads, costly tier": bare["costly"],
+        "bare backend reads, costly tier without energy": bare["costly_without_energy"],
+        "bare backend reads, profile tier (GPM)": bare["profile"],
         "bare backend reads, static tier": bare["static"],
     }
     fields = usable_query_fields()

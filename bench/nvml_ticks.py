@@ -63,9 +63,21 @@ def tick_cost(
     # later would count as a hang
     opts: dict[str, Any] = {"backend": "live", "xid_events": False, "gpu_deadline": 1e9}
     if fast_only:
-        opts.update(slow_interval=1e12, costly_interval=1e12, static_interval=1e12)
+        opts.update(
+            slow_interval=1e12,
+            costly_interval=1e12,
+            energy_interval=1e12,
+            profile_interval=1e12,
+            static_interval=1e12,
+        )
     else:  # the daemon's cadence, whatever a version's defaults were
-        opts.update(slow_interval=5.0, costly_interval=10.0, static_interval=300.0)
+        opts.update(
+            slow_interval=5.0,
+            costly_interval=10.0,
+            energy_interval=60.0,
+            profile_interval=5.0,
+            static_interval=300.0,
+        )
     opts.update(options or {})
     clock = VirtualClock(time.time())
     c = collector_cls(CollectorContext(options=opts, clock=clock))

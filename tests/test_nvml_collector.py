@@ -127,7 +127,9 @@ async def test_costly_values_come_from_their_own_tier(tmp_path: Path):
     values, and energy only moves when the costly tier is read again."""
     clock = VirtualClock(0.0)
     rec = FIXTURES / "h200" / "nvml_recording_h200.jsonl"
-    c = collector(tmp_path, rec, clock=clock, slow_interval=1.0, costly_interval=10.0)
+    c = collector(
+        tmp_path, rec, clock=clock, slow_interval=1.0, costly_interval=10.0, energy_interval=10.0
+    )
     await c.start()
     try:
         energies = []
@@ -144,6 +146,33 @@ async def test_costly_values_come_from_their_own_tier(tmp_path: Path):
     # read when due at t=10, reported by the next tick (t=11)
     assert len(set(energies[:11])) == 1
     assert energies[11] > energies[0]
+
+
+async def test_energy_has_its_own_slower_cadence(tmp_path: Path):
+    """Total energy (3 ms a read) is read with the costly tier only every energy_interval;
+    in between the HW counters refresh and energy keeps its last value, its age growing."""
+    clock = VirtualClock(0.0)
+    rec = FIXTURES / "h200" / "nvml_recording_h200.jsonl"
+    c = collector(
+        tmp_path, rec, clock=clock, slow_interval=1.0, costly_interval=5.0, energy_interval=20.0
+    )
+    await c.start()
+    try:
+        energies, costly_ages, energy_ages = [], [], []
+        for _ in range(22):
+            b = await tick(c)
+            energies.append(one(b, "gpu.energy", "gpu:0"))
+            costly_ages.append(one(b, "gpu.sample_age", "gpu:0", (("tier", "costly"),)))
+            energy_ages.append(one(b, "gpu.sample_age", "gpu:0", (("tier", "energy"),)))
+            clock.advance(1.0)
+    finally:
+        await c.stop()
+    # read when due at t=20, reported by the next tick (t=21); costly reads at 5, 10, 15
+    # did not move it
+    assert len(set(energies[:21])) == 1
+    assert energies[21] > energies[0]
+    assert max(costly_ages) <= 5.0
+    assert energy_ages[20] == 20.0
 
 
 async def test_fast_values_advance_through_the_capture(tmp_path: Path):

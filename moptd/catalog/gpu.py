@@ -3,8 +3,11 @@
 Cadence, stated in each HELP so scrapers know what they read: "fast" values are read
 every tick (NVML calls of about 2 µs), "slow" ones every ``slow_interval`` (5 s; field
 values, BAR1, PCIe: 5-150 µs each), "costly" ones every ``costly_interval`` (10 s; total
-energy about 3 ms, two clock-event counters about 0.6 ms each), "static" ones at start and
-every ``static_interval`` (300 s; max clocks about 1.4 ms each). Costs measured on an H200,
+energy about 3 ms, two clock-event counters about 0.6 ms for both; energy itself only every
+``energy_interval``, 60 s), "profile" ones (NVML GPM,
+Hopper and newer) every ``profile_interval`` (5 s; averaged over the interval between two
+GPM samples; 1-3 ms), "static" ones at start and every ``static_interval`` (300 s; max
+clocks about 1.4 ms each). Costs measured on an H200,
 driver 580 (bench/nvml_cost.py). moptd_gpu_sample_age_seconds gives the age of each tier.
 """
 
@@ -68,7 +71,8 @@ SIGNALS = [
         "sample_age",
         "gauge",
         "seconds",
-        "Age of the values of one cadence tier (fast, slow, costly, static) at the last "
+        "Age of the values of one cadence tier (fast, slow, costly, energy, profile, "
+        "static) at the last "
         "collection.",
         "moptd_gpu_sample_age_seconds",
         labels=("tier",),
@@ -189,7 +193,7 @@ SIGNALS = [
         "energy",
         "counter",
         "joules",
-        "Energy used since the driver loaded; costly tier (10 s).",
+        "Energy used since the driver loaded; energy tier (60 s).",
         "moptd_gpu_energy_joules_total",
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     ),
@@ -343,6 +347,55 @@ SIGNALS = [
         labels=("counter",),
     ),
     _g(
+        "nvlink_link_up",
+        "gauge",
+        "bool",
+        "1 when the NVLink link is up, 0 when down, by link (nvmlDeviceGetNvLinkState); absent "
+        "on a GPU without NVLink; slow tier.",
+        "moptd_gpu_nvlink_link_up",
+        "DCGM_FI_DEV_NVLINK_LINK_STATUS (nvidia-smi nvlink -s)",
+        labels=("link",),
+    ),
+    _g(
+        "nvlink_link_errors",
+        "counter",
+        "count",
+        "NVLink data-link error counters by link and counter (replay, recovery, crc; NVML "
+        "fields 161-163 with scopeId = link), for links that are up; slow tier.",
+        "moptd_gpu_nvlink_link_errors_total",
+        "DCGM_FI_DEV_NVLINK_{REPLAY,RECOVERY,CRC_FLIT}_ERROR_COUNT_L*",
+        labels=("link", "counter"),
+    ),
+    _g(
+        "nvlink_link_bytes",
+        "counter",
+        "bytes",
+        "NVLink data bytes by link and direction (tx, rx) since the driver loaded (NVML "
+        "fields 138/139 with scopeId = link, KiB x 1024), for links that are up; slow tier.",
+        "moptd_gpu_nvlink_link_data_bytes_total",
+        "DCGM_FI_PROF_NVLINK_L*_TX_BYTES / _RX_BYTES (rates)",
+        labels=("link", "direction"),
+    ),
+    _g(
+        "mig_memory_used",
+        "gauge",
+        "bytes",
+        "Memory in use in a MIG device's GPU instance, by GPU and compute instance id (MIG on "
+        "only); slow tier.",
+        "moptd_gpu_mig_memory_used_bytes",
+        "DCGM_FI_DEV_FB_USED (per MIG instance)",
+        labels=("gpu_instance", "compute_instance"),
+    ),
+    _g(
+        "mig_memory_total",
+        "gauge",
+        "bytes",
+        "Memory of a MIG device's GPU instance (MIG on only); slow tier.",
+        "moptd_gpu_mig_memory_total_bytes",
+        "DCGM_FI_DEV_FB_TOTAL (per MIG instance)",
+        labels=("gpu_instance", "compute_instance"),
+    ),
+    _g(
         "recovery_action",
         "gauge",
         "",
@@ -350,6 +403,129 @@ SIGNALS = [
         "reboot, 3 drain P2P, 4 drain and reset; slow tier.",
         "moptd_gpu_recovery_action",
         "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+    ),
+    # --- profile tier (NVML GPM) ---
+    _g(
+        "gpm_supported",
+        "gauge",
+        "bool",
+        "1 when the GPU has NVML's GPM profiling metrics (Hopper and newer), 0 when it has "
+        "not (the profile metrics are then absent); profile tier.",
+        "moptd_gpu_gpm_supported",
+    ),
+    _g(
+        "gr_engine_active",
+        "gauge",
+        "ratio",
+        "Ratio of time the graphics or compute engine was active (GPM GRAPHICS_UTIL); profile "
+        "tier.",
+        "moptd_gpu_gr_engine_active_ratio",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    ),
+    _g(
+        "sm_active",
+        "gauge",
+        "ratio",
+        "Ratio of SMs busy, averaged over the interval (GPM SM_UTIL). Unlike gpu.util, which says "
+        "a kernel ran at all, this says how much of the GPU it used; profile tier.",
+        "moptd_gpu_sm_active_ratio",
+        "DCGM_FI_PROF_SM_ACTIVE",
+    ),
+    _g(
+        "sm_occupancy",
+        "gauge",
+        "ratio",
+        "Ratio of resident warps to the SMs' maximum (GPM SM_OCCUPANCY); profile tier.",
+        "moptd_gpu_sm_occupancy_ratio",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+    ),
+    _g(
+        "tensor_active",
+        "gauge",
+        "ratio",
+        "Ratio of time the SMs' tensor pipes were busy, any precision (GPM ANY_TENSOR_UTIL); "
+        "profile tier.",
+        "moptd_gpu_tensor_active_ratio",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    ),
+    _g(
+        "dram_active",
+        "gauge",
+        "ratio",
+        "Ratio of the memory bandwidth's peak in use (GPM DRAM_BW_UTIL); profile tier.",
+        "moptd_gpu_dram_active_ratio",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    ),
+    _g(
+        "fp64_active",
+        "gauge",
+        "ratio",
+        "Ratio of time the non-tensor FP64 pipe was busy (GPM FP64_UTIL); profile tier.",
+        "moptd_gpu_fp64_active_ratio",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    ),
+    _g(
+        "fp32_active",
+        "gauge",
+        "ratio",
+        "Ratio of time the non-tensor FP32 pipe was busy (GPM FP32_UTIL); profile tier.",
+        "moptd_gpu_fp32_active_ratio",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    ),
+    _g(
+        "fp16_active",
+        "gauge",
+        "ratio",
+        "Ratio of time the non-tensor FP16 pipe was busy (GPM FP16_UTIL); profile tier.",
+        "moptd_gpu_fp16_active_ratio",
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    ),
+    _g(
+        "pcie_tx_bytes",
+        "gauge",
+        "bytes_per_second",
+        "PCIe traffic from the GPU, averaged over the interval (GPM, protocol headers included); "
+        "profile tier.",
+        "moptd_gpu_pcie_transmit_bytes_per_second",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+    ),
+    _g(
+        "pcie_rx_bytes",
+        "gauge",
+        "bytes_per_second",
+        "PCIe traffic to the GPU, averaged over the interval (GPM, protocol headers included); "
+        "profile tier.",
+        "moptd_gpu_pcie_receive_bytes_per_second",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+    ),
+    _g(
+        "nvlink_tx_bytes",
+        "gauge",
+        "bytes_per_second",
+        "NVLink traffic from the GPU, all links, averaged over the interval (GPM, protocol headers"
+        " included); profile tier.",
+        "moptd_gpu_nvlink_transmit_bytes_per_second",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    ),
+    _g(
+        "nvlink_rx_bytes",
+        "gauge",
+        "bytes_per_second",
+        "NVLink traffic to the GPU, all links, averaged over the interval (GPM, protocol headers "
+        "included); profile tier.",
+        "moptd_gpu_nvlink_receive_bytes_per_second",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    ),
+    _g(
+        "mig_activity",
+        "gauge",
+        "ratio",
+        "GPM activity of one MIG GPU instance, by instance and metric (gr_engine_active, "
+        "sm_active, sm_occupancy, tensor_active, dram_active, fp64/fp32/fp16_active; "
+        "nvmlGpmMigSampleGet); MIG on only; profile tier.",
+        "moptd_gpu_mig_activity_ratio",
+        "DCGM_FI_PROF_* with GPU_I_ID",
+        labels=("gpu_instance", "metric"),
     ),
     # --- static tier ---
     _g(
@@ -460,6 +636,54 @@ SIGNALS = [
         "disappear when they exit.",
         "process",
         "moptd_gpu_process_memory_used_bytes",
+        ("gpu",),
+    ),
+    SignalSpec(
+        "process.gpu_sm_util",
+        "gauge",
+        "ratio",
+        "Share of the SM time used by a process on one GPU, NVML's newest "
+        "per-process sample (nvidia-smi pmon's sm column / 100); slow tier. Only "
+        "processes running now, at most the 32 busiest per GPU; 0 for a process NVML "
+        "saw idle since the last read.",
+        "process",
+        "moptd_gpu_process_sm_utilization_ratio",
+        ("gpu",),
+    ),
+    SignalSpec(
+        "process.gpu_mem_util",
+        "gauge",
+        "ratio",
+        "Share of the memory controller time used by a process on one GPU, NVML's newest "
+        "per-process sample (nvidia-smi pmon's mem column / 100); slow tier. Only "
+        "processes running now, at most the 32 busiest per GPU; 0 for a process NVML "
+        "saw idle since the last read.",
+        "process",
+        "moptd_gpu_process_mem_utilization_ratio",
+        ("gpu",),
+    ),
+    SignalSpec(
+        "process.gpu_enc_util",
+        "gauge",
+        "ratio",
+        "Share of the video encoder time used by a process on one GPU, NVML's newest "
+        "per-process sample (nvidia-smi pmon's enc column / 100); slow tier. Only "
+        "processes running now, at most the 32 busiest per GPU; 0 for a process NVML "
+        "saw idle since the last read.",
+        "process",
+        "moptd_gpu_process_enc_utilization_ratio",
+        ("gpu",),
+    ),
+    SignalSpec(
+        "process.gpu_dec_util",
+        "gauge",
+        "ratio",
+        "Share of the video decoder time used by a process on one GPU, NVML's newest "
+        "per-process sample (nvidia-smi pmon's dec column / 100); slow tier. Only "
+        "processes running now, at most the 32 busiest per GPU; 0 for a process NVML "
+        "saw idle since the last read.",
+        "process",
+        "moptd_gpu_process_dec_utilization_ratio",
         ("gpu",),
     ),
 ]

@@ -12,7 +12,19 @@ SubjectKind = Literal["node", "gpu", "process", "collector", "serving"]
 
 # Units are Prometheus base units; "" for plain numbers and enumerations.
 UNITS = frozenset(
-    {"", "ratio", "bytes", "celsius", "watts", "joules", "hertz", "seconds", "bool", "count"}
+    {
+        "",
+        "ratio",
+        "bytes",
+        "bytes_per_second",
+        "celsius",
+        "watts",
+        "joules",
+        "hertz",
+        "seconds",
+        "bool",
+        "count",
+    }
 )
 
 
@@ -52,6 +64,7 @@ def _check_metric_name(spec: SignalSpec) -> None:
     suffix = {
         "ratio": "_ratio",
         "bytes": "_bytes",
+        "bytes_per_second": "_bytes_per_second",
         "celsius": "_celsius",
         "watts": "_watts",
         "hertz": "_hertz",

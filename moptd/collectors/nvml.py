@@ -1,9 +1,11 @@
 """NVML collector: per-GPU telemetry, compute processes and Xid events.
 
-Readings come in four cost tiers (moptd/gpu/readings.py): static at start and
+Readings come in five cost tiers (moptd/gpu/readings.py): static at start and
 every ``static_interval``, slow every ``slow_interval``, costly (total energy and two
-clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval``, fast every tick;
-each tier's age is exported as gpu.sample_age{tier}.
+clock-event counters, 0.6-3 ms of CPU each) every ``costly_interval`` (total energy, the
+dearest call, only every ``energy_interval``), profile (GPM
+metrics between consecutive GPM samples, 1-3 ms) every ``profile_interval``, fast every
+tick; each tier's age is exported as gpu.sample_age{tier}.
 The GPUs are read one after another on one shared reader thread (one thread wake-up per
 tick, not one per GPU: on the GPU host the wake-ups cost more CPU than the NVML calls),
 under a per-GPU deadline. A GPU whose NVML call hangs (a GPU in recovery) holds up the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -32,13 +35,14 @@ from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
 from moptd.gpu.backend import NvmlBackend
-from moptd.gpu.batch import add_ages, add_fast, add_slow, add_static
+from moptd.gpu.batch import add_ages, add_fast, add_profile, add_slow, add_static
 from moptd.gpu.readings import (
     BackendUnavailable,
     FastReading,
     GpuBackend,
     GpuLost,
     NvmlCallError,
+    ProfileReading,
     SlowReading,
     StaticReading,
     merge_costly,
@@ -54,7 +58,8 @@ NVML_ERROR_TIMEOUT = 10
 XID_WAIT_MS = 1000  # how long one Xid wait blocks; stop() waits this long at most
 NVML_ERROR_UNKNOWN = 999
 DRIVER_SIGNS = (Path("/dev/nvidiactl"),)
-TIERS = ("static", "fast", "slow", "costly")
+TIERS = ("static", "fast", "slow", "costly", "energy", "profile")
+_TIMED = ("static", "slow", "costly", "energy", "profile")  # the tiers with an interval option
 _FAST_ONLY = ("fast",)
 
 
@@ -66,11 +71,13 @@ class _GpuState:
     fast: FastReading | None = None
     slow: SlowReading | None = None
     costly: SlowReading | None = None
-    # The samples of the static and slow readings, built once per new reading: they are
+    profile: ProfileReading | None = None
+    # The samples of the static, slow and profile readings, built once per new reading: they are
     # re-sent every tick (the store replaces a source's snapshot whole) but change rarely.
     static_batch: Batch = field(default_factory=Batch)
     fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
     slow_batch: Batch = field(default_factory=Batch)
+    profile_batch: Batch = field(default_factory=Batch)
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
     worker: Worker | None = None  # its own thread, once it has hung; else the shared one
     pending: concurrent.futures.Future[_Pass] | None = None
@@ -86,6 +93,8 @@ class _Pass:
     fast: FastReading | None = None
     slow: SlowReading | None = None
     costly: SlowReading | None = None
+    profile: ProfileReading | None = None
+    energy_read: bool = False  # the costly read included total energy
     error: int = 0
     lost: GpuLost | None = None
 
@@ -128,9 +137,32 @@ class NvmlCollector(Collector):
         "costly_interval": Option(
             (int, float),
             10.0,
-            "Seconds between reads of the costly tier (total energy, HW thermal and "
-            "power-brake clock-event counters: 0.6-3 ms of CPU each, about 4.4 ms a GPU in "
-            "all). 10 s keeps every field fresh within 10 s; raise it to save CPU.",
+            "Seconds between reads of the costly tier (the HW thermal and power-brake "
+            "clock-event counters, one 0.6 ms call a GPU). Total energy is read with it "
+            "every energy_interval.",
+        ),
+        # Total energy costs 3.1 ms a read on an H200 (bench/results/h200x1-2026-12-02) and
+        # NVML has no cheaper call that gives the same value (fields 83 and 191 cost the
+        # same; integrating power.draw is a different number). The bare amortised floor of
+        # every other value at the default cadences is 303 µs a GPU a second (fast 23 µs
+        # every 1 s, slow 1023 µs every 5 s, fields 270+271 633 µs every 10 s, static
+        # 3741 µs every 300 s, same run). Energy every 60 s adds 3108 / 60 = 52 µs, 0.17 of
+        # that floor: the amortised cost stays within 1.2x of it (every 10 s it was 2.0x).
+        # The counter is cumulative, so a slower read loses no energy, only freshness.
+        "energy_interval": Option(
+            (int, float),
+            60.0,
+            "Seconds between reads of the total-energy counter (3 ms of CPU a GPU; read with "
+            "the costly tier when due). 60 s keeps moptd's amortised NVML cost within 1.2x "
+            "of the bare calls of every other value.",
+        ),
+        "profile_interval": Option(
+            (int, float),
+            5.0,
+            "Seconds between reads of the profile tier (NVML GPM: SM, tensor, DRAM and pipe "
+            "activity, PCIe and NVLink throughput, averaged over the interval; one GPM "
+            "sample, 40-55 µs, and one metrics computation, 1-3 ms, a GPU). Only GPUs with "
+            "GPM (Hopper and newer) pay the metrics computation.",
         ),
         "static_interval": Option((int, float), 300.0, "Seconds between static-tier reads."),
         "gpu_deadline": Option(
@@ -150,9 +182,7 @@ class NvmlCollector(Collector):
         self._stopping = threading.Event()
         self._shared: Worker | None = None  # reads every GPU that has not hung
         # Read once: collect() runs every second, cold, so each lookup it skips counts.
-        self._every = {
-            tier: float(self.option(f"{tier}_interval")) for tier in ("static", "slow", "costly")
-        }
+        self._every = {tier: float(self.option(f"{tier}_interval")) for tier in _TIMED}
         self._slow_taken = True  # a slow read came in since processes were last pruned
 
     # --- backend ------------------------------------------------------------------------
@@ -367,7 +397,12 @@ class NvmlCollector(Collector):
         static = st.static is None or now - read_at.get("static", 0.0) >= every["static"] - slack
         slow = st.slow is None or now - read_at.get("slow", 0.0) >= every["slow"] - slack
         costly = st.costly is None or now - read_at.get("costly", 0.0) >= every["costly"] - slack
-        if not (static or slow or costly):
+        energy = st.costly is None or now - read_at.get("energy", 0.0) >= every["energy"] - slack
+        costly = costly or energy  # energy is read by the costly call
+        profile = (
+            st.profile is None or now - read_at.get("profile", 0.0) >= every["profile"] - slack
+        )
+        if not (static or slow or costly or profile):
             return _FAST_ONLY
         tiers = ["fast"]
         if static:
@@ -376,6 +411,10 @@ class NvmlCollector(Collector):
             tiers.append("slow")
         if costly:
             tiers.append("costly")
+        if energy:
+            tiers.append("energy")
+        if profile:
+            tiers.append("profile")
         return tuple(tiers)
 
     def _read_gpu(self, backend: GpuBackend, index: int, tiers: tuple[str, ...]) -> _Pass:
@@ -389,7 +428,13 @@ class NvmlCollector(Collector):
                     elif tier == "fast":
                         out.fast = backend.read_fast(index)
                     elif tier == "costly":
-                        out.costly = backend.read_costly(index)
+                        with_energy = "energy" in tiers
+                        out.costly = backend.read_costly(index, energy=with_energy)
+                        out.energy_read = with_energy
+                    elif tier == "energy":
+                        pass  # read with the costly tier, just above
+                    elif tier == "profile":
+                        out.profile = backend.read_profile(index)
                     else:
                         out.slow = backend.read_slow(index)
                         self._attribute(out.slow)
@@ -425,9 +470,10 @@ class NvmlCollector(Collector):
             batch.add("gpu.lost", subject, 1.0)
             batch.add("gpu.nvml_error", subject, float(res.lost.code))
             # A lost GPU's old values must not be read as current.
-            st.fast = st.slow = st.costly = None
+            st.fast = st.slow = st.costly = st.profile = None
             self._slow_taken = True  # its processes are gone with them
             st.slow_batch = Batch()
+            st.profile_batch = Batch()
             return
         st.read_at.pop("lost_logged", None)
         batch.add("gpu.lost", subject, 0.0)
@@ -435,6 +481,7 @@ class NvmlCollector(Collector):
         if st.fast is not None:
             add_fast(batch, index, st.fast, st.fast_samples)
         batch.extend(st.slow_batch)
+        batch.extend(st.profile_batch)
         add_ages(
             batch,
             index,
@@ -449,7 +496,15 @@ class NvmlCollector(Collector):
             add_static(st.static_batch, res.static)
         if res.fast is not None:
             st.fast, st.read_at["fast"] = res.fast, read_at
+        if res.profile is not None:
+            st.profile, st.read_at["profile"] = res.profile, read_at
+            st.profile_batch = Batch()
+            add_profile(st.profile_batch, index, res.profile)
         if res.costly is not None:
+            if res.energy_read:
+                st.read_at["energy"] = read_at
+            elif st.costly is not None:  # the last energy value stands until the next read
+                res.costly = dataclasses.replace(res.costly, energy=st.costly.energy)
             st.costly, st.read_at["costly"] = res.costly, read_at
         if res.slow is not None:
             st.slow, st.read_at["slow"] = res.slow, read_at

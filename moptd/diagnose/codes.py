@@ -195,6 +195,16 @@ CODES: dict[str, Code] = {
         "warning",
         "GPU busy well below capacity while requests queue (scheduler, CPU or config bound)",
     ),
+    "GPU_UTILIZATION_MISLEADING": Code(
+        "framework",
+        "info",
+        "nvidia-smi reports the GPU busy while under half of its SMs are active (GPM)",
+    ),
+    "GPU_MEMORY_BANDWIDTH_BOUND": Code(
+        "framework",
+        "info",
+        "memory bandwidth near its peak with the tensor pipes less busy: bound by HBM, not compute",
+    ),
     "SERVING_CPU_BOUND": Code(
         "framework",
         "warning",

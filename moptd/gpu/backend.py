@@ -10,7 +10,9 @@ counter, ECC mode, MIG mode and field values 130-155 µs; each max-clock query a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,12 +22,16 @@ import pynvml
 from moptd.gpu.readings import (
     CLOCK_EVENT_COUNTERS,
     COSTLY_CLOCK_EVENT_COUNTERS,
+    MIG_ACTIVITY_METRICS,
     NVLINK_COUNTERS,
+    NVLINK_LINK_COUNTERS,
     BackendUnavailable,
     FastReading,
     GpuLost,
+    MigReading,
     NvmlCallError,
     ProcessReading,
+    ProfileReading,
     SlowReading,
     StaticReading,
 )
@@ -91,6 +97,35 @@ COSTLY_FIELDS: dict[str, int] = {
     "cet:hw_thermal_slowdown": 270,  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
     "cet:hw_power_brake_slowdown": 271,  # ..._HW_POWER_BRAKE_SLOWDOWN
 }
+# Per-link NVLink fields, read in one nvmlDeviceGetFieldValues call with scopeId = link
+# (the probe: 180 per-link fields cost 273 µs, 18 NvLinkState calls 213 µs).
+NVLINK_LINK_FIELDS: dict[str, int] = {
+    "tx": _F.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,  # KiB since the driver loaded
+    "rx": _F.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    "replay": _F.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+    "recovery": _F.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+    "crc": _F.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+}
+KIB = 1024.0
+assert set(NVLINK_LINK_FIELDS) - {"tx", "rx"} == set(NVLINK_LINK_COUNTERS)
+
+# The GPM metrics moptd exports: (ProfileReading field, metric id, scale to base units).
+# GPM gives percentages (0-100) and MiB/s.
+GPM_METRICS: tuple[tuple[str, int, float], ...] = (
+    ("gr_engine_active", _F.NVML_GPM_METRIC_GRAPHICS_UTIL, 0.01),
+    ("sm_active", _F.NVML_GPM_METRIC_SM_UTIL, 0.01),
+    ("sm_occupancy", _F.NVML_GPM_METRIC_SM_OCCUPANCY, 0.01),
+    ("tensor_active", _F.NVML_GPM_METRIC_ANY_TENSOR_UTIL, 0.01),
+    ("dram_active", _F.NVML_GPM_METRIC_DRAM_BW_UTIL, 0.01),
+    ("fp64_active", _F.NVML_GPM_METRIC_FP64_UTIL, 0.01),
+    ("fp32_active", _F.NVML_GPM_METRIC_FP32_UTIL, 0.01),
+    ("fp16_active", _F.NVML_GPM_METRIC_FP16_UTIL, 0.01),
+    ("pcie_tx_bytes", _F.NVML_GPM_METRIC_PCIE_TX_PER_SEC, float(MIB)),
+    ("pcie_rx_bytes", _F.NVML_GPM_METRIC_PCIE_RX_PER_SEC, float(MIB)),
+    ("nvlink_tx_bytes", _F.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, float(MIB)),
+    ("nvlink_rx_bytes", _F.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, float(MIB)),
+)
+
 assert {k[4:] for k in (*SLOW_FIELDS, *COSTLY_FIELDS) if k.startswith("cet:")} == set(
     CLOCK_EVENT_COUNTERS
 )
@@ -136,6 +171,11 @@ class NvmlBackend:
         self._nvlink: dict[int, int] = {}  # index -> number of links that answered
         self._event_set: Any = None
         self._driver = ""
+        self._gpm: dict[int, _Gpm] = {}  # index -> GPM state (samples kept between reads)
+        self._util_seen: dict[int, int] = {}  # index -> newest process-utilisation timestamp
+        self._mig_on: dict[int, bool] = {}  # index -> MIG mode, from the last static read
+        self._mig_gis: dict[int, tuple[int, ...]] = {}  # index -> GPU instances, last slow read
+        self._gpm_mig: dict[tuple[int, int], _Gpm] = {}  # (index, GPU instance) -> GPM state
 
     # --- the error policy -------------------------------------------------------
     def query(self, index: int, fn: Callable[..., T], *args: Any) -> T | None:
@@ -174,6 +214,10 @@ class NvmlBackend:
             self._handles[i] = pynvml.nvmlDeviceGetHandleByIndex(i)
 
     def shutdown(self) -> None:
+        for gpm in (*self._gpm.values(), *self._gpm_mig.values()):
+            gpm.free()
+        self._gpm.clear()
+        self._gpm_mig.clear()
         if self._event_set is not None:
             try:
                 pynvml.nvmlEventSetFree(self._event_set)
@@ -207,6 +251,7 @@ class NvmlBackend:
         mig = q(index, pynvml.nvmlDeviceGetMigMode, h)
         sm_max = q(index, pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM)
         mem_max = q(index, pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM)
+        self._mig_on[index] = mig is not None and bool(mig[0])
         limit = q(index, pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         default = q(index, pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h)
         return StaticReading(
@@ -270,7 +315,9 @@ class NvmlBackend:
         bar1 = q(index, pynvml.nvmlDeviceGetBAR1MemoryInfo, h)
         cet = {k[4:]: v / 1e9 for k, v in vals.items() if k.startswith("cet:") and v is not None}
         nvl = {k[4:]: v for k, v in vals.items() if k.startswith("nvl:") and v is not None}
-        links_up = self._nvlink_up(index, h)
+        link_up = self._nvlink_states(index, h)
+        links_up = float(sum(link_up.values())) if link_up else None
+        link_errors, link_bytes = self._nvlink_links(index, h, link_up)
         return SlowReading(
             memory_temperature=vals.get("memory_temperature"),
             bar1_total=None if bar1 is None else float(bar1.bar1Total),
@@ -292,16 +339,21 @@ class NvmlBackend:
             remap_failure=vals.get("remap_failure"),
             nvlink_links_active=links_up,
             nvlink_errors=nvl if links_up else {},
+            nvlink_link_up=link_up,
+            nvlink_link_errors=link_errors,
+            nvlink_link_bytes=link_bytes,
+            mig_devices=self._mig_devices(index, h),
             recovery_action=vals.get("recovery_action"),
             processes=self._processes(index, h),
         )
 
-    def read_costly(self, index: int) -> SlowReading:
-        """Total energy (about 3 ms, p99 16 ms) and the HW thermal / power-brake
-        clock-event counters (about 0.6 ms each), for the slower "costly" cadence."""
+    def read_costly(self, index: int, energy: bool = True) -> SlowReading:
+        """Total energy (about 3 ms, p99 16 ms; only with ``energy``) and the HW thermal /
+        power-brake clock-event counters (0.6 ms for both: one field-values call costs what
+        one of them costs alone), for the slower "costly" cadence."""
         h = self._h(index)
         q = self.query
-        energy = q(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        total = q(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, h) if energy else None
         keys = list(COSTLY_FIELDS)
         raw = q(index, pynvml.nvmlDeviceGetFieldValues, h, [COSTLY_FIELDS[k] for k in keys])
         cet: dict[str, float] = {}
@@ -309,15 +361,15 @@ class NvmlBackend:
             v = field_value(fv)
             if v is not None:
                 cet[k[4:]] = v / 1e9
-        return SlowReading(energy=None if energy is None else energy / 1000.0, clock_event_time=cet)
+        return SlowReading(energy=None if total is None else total / 1000.0, clock_event_time=cet)
 
-    def _nvlink_up(self, index: int, h: Any) -> float | None:
-        """Links up, or None on a GPU without NVLink (learned once: the first refusal)."""
+    def _nvlink_states(self, index: int, h: Any) -> dict[str, float]:
+        """Link index -> 1 up / 0 down; empty on a GPU without NVLink (learned once: the
+        first refusal)."""
         known = self._nvlink.get(index)
         if known == 0:
-            return None
-        up = 0
-        links = 0
+            return {}
+        states: dict[str, float] = {}
         for link in range(known or pynvml.NVML_NVLINK_MAX_LINKS):
             try:
                 state = pynvml.nvmlDeviceGetNvLinkState(h, link)
@@ -325,10 +377,32 @@ class NvmlBackend:
                 if int(exc.value) in _LOST:
                     raise GpuLost(index, int(exc.value), str(exc)) from None
                 break  # NotSupported / InvalidArgument: no such link
-            links += 1
-            up += 1 if state == pynvml.NVML_FEATURE_ENABLED else 0
-        self._nvlink[index] = links
-        return float(up) if links else None
+            states[str(link)] = 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0
+        self._nvlink[index] = len(states)
+        return states
+
+    def _nvlink_links(
+        self, index: int, h: Any, links: dict[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """(errors "<link>:<counter>", data bytes "<link>:tx|rx") of the links that are up,
+        in one field-values call; a refused field is left out."""
+        if not any(links.values()):
+            return {}, {}
+        up = [int(k) for k, v in links.items() if v]
+        keys = [(link, name) for link in up for name in NVLINK_LINK_FIELDS]
+        ids = [(NVLINK_LINK_FIELDS[name], link) for link, name in keys]
+        raw = self.query(index, pynvml.nvmlDeviceGetFieldValues, h, ids)
+        errors: dict[str, float] = {}
+        data: dict[str, float] = {}
+        for (link, name), fv in zip(keys, raw or [], strict=False):
+            v = field_value(fv)
+            if v is None:
+                continue
+            if name in ("tx", "rx"):
+                data[f"{link}:{name}"] = v * KIB
+            else:
+                errors[f"{link}:{name}"] = v
+        return errors, data
 
     def _processes(self, index: int, h: Any) -> tuple[ProcessReading, ...]:
         found: dict[int, ProcessReading] = {}
@@ -344,7 +418,153 @@ class NvmlBackend:
                     found[p.pid] = ProcessReading(p.pid, prev.used_memory, "C+G")
                 else:
                     found[p.pid] = ProcessReading(int(p.pid), mem, kind)
+        if not found:
+            return ()
+        util = self._process_util(index, h)
+        if util is not None:
+            for pid, p in found.items():
+                sm, mem_util, enc, dec = util.get(pid, (0.0, 0.0, 0.0, 0.0))
+                found[pid] = dataclasses.replace(
+                    p, sm_util=sm, mem_util=mem_util, enc_util=enc, dec_util=dec
+                )
         return tuple(found[pid] for pid in sorted(found))
+
+    def _process_util(
+        self, index: int, h: Any
+    ) -> dict[int, tuple[float, float, float, float]] | None:
+        """pid -> (sm, mem, enc, dec) ratios of NVML's newest per-process samples since the
+        previous call (lastSeenTimeStamp), or None where the GPU cannot give them. NVML
+        answers NOT_FOUND when no process was busy since then: every ratio is 0."""
+        seen = self._util_seen.get(index, 0)
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, seen)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                return {}  # pynvml raises the first call's SUCCESS when no sample is due
+            if code in _AS_NONE:
+                self._log_once(pynvml.nvmlDeviceGetProcessUtilization, code)
+                return None
+            if code in _LOST:
+                raise GpuLost(index, code, str(exc)) from None
+            raise NvmlCallError(index, code, f"nvmlDeviceGetProcessUtilization: {exc}") from None
+        newest: dict[int, Any] = {}
+        for s in samples:
+            prev = newest.get(int(s.pid))
+            if prev is None or s.timeStamp > prev.timeStamp:
+                newest[int(s.pid)] = s
+            seen = max(seen, int(s.timeStamp))
+        self._util_seen[index] = seen
+        return {
+            pid: (
+                _ratio(s.smUtil),
+                _ratio(s.memUtil),
+                _ratio(s.encUtil),
+                _ratio(s.decUtil),
+            )
+            for pid, s in newest.items()
+        }
+
+    # --- the profile tier (GPM) ------------------------------------------------------
+    def read_profile(self, index: int) -> ProfileReading:
+        """One GPM sample; the exported metrics over the window since the previous one,
+        and under MIG the same per GPU instance. A GPU without GPM reads gpm_supported = 0
+        (learned once; None when NVML will not say, e.g. without permission)."""
+        h = self._h(index)
+        gpm = self._gpm.get(index)
+        if gpm is None:
+            support = self.query(index, pynvml.nvmlGpmQueryDeviceSupport, h)
+            supported = support is not None and bool(support.isSupportedDevice)
+            gpm = self._gpm[index] = _Gpm(supported)
+            gpm.answer = None if support is None else float(supported)
+        if not gpm.supported:
+            return ProfileReading(gpm_supported=gpm.answer)
+        values = self._gpm_window(index, gpm, pynvml.nvmlGpmSampleGet, h)
+        return ProfileReading(
+            gpm_supported=1.0, mig_activity=self._mig_activity(index, h), **values
+        )
+
+    def _gpm_window(
+        self, index: int, gpm: _Gpm, sample: Callable[..., Any], *args: Any
+    ) -> dict[str, float | None]:
+        """Take one sample with ``sample(*args, buffer)``; the metrics between it and the
+        previous one, or {} while there is no window (the first sample, a refused call)."""
+        cur = gpm.take_spare()
+        if self.query(index, sample, *args, cur) is None:
+            gpm.spare = cur
+            return {}
+        prev, gpm.prev = gpm.prev, cur
+        if prev is None:
+            return {}
+        gpm.spare = prev
+        mg = gpm.request(prev, cur)
+        if self.query(index, pynvml.nvmlGpmMetricsGet, mg) is None:
+            return {}
+        return _metric_values(mg)
+
+    # --- MIG ------------------------------------------------------------------------
+    def _mig_devices(self, index: int, h: Any) -> tuple[MigReading, ...]:
+        """The MIG devices of a GPU with MIG on (its mode from the last static read): one
+        nvmlDeviceGetMigDeviceHandleByIndex per slot, then its instance ids and memory."""
+        if not self._mig_on.get(index):
+            self._mig_gis.pop(index, None)
+            return ()
+        count = self._mig_query(index, pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        out: list[MigReading] = []
+        for slot in range(int(count)):
+            mh = self._mig_query(index, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
+            if mh is None:
+                continue  # an empty slot: NOT_FOUND
+            gi = self._mig_query(index, pynvml.nvmlDeviceGetGpuInstanceId, mh)
+            ci = self._mig_query(index, pynvml.nvmlDeviceGetComputeInstanceId, mh)
+            if gi is None or ci is None:
+                continue
+            mem = self._mig_query(index, pynvml.nvmlDeviceGetMemoryInfo, mh)
+            uuid = self._mig_query(index, pynvml.nvmlDeviceGetUUID, mh)
+            out.append(
+                MigReading(
+                    int(gi),
+                    int(ci),
+                    _text(uuid or ""),
+                    None if mem is None else float(mem.total),
+                    None if mem is None else float(mem.used),
+                )
+            )
+        self._mig_gis[index] = tuple(sorted({m.gpu_instance for m in out}))
+        return tuple(out)
+
+    def _mig_query(self, index: int, fn: Callable[..., T], *args: Any) -> T | None:
+        """query() for the MIG calls: NOT_FOUND and INVALID_ARGUMENT (an empty slot, an
+        instance destroyed meanwhile) are None too, and a failed MIG call is logged once
+        and None rather than costing the whole slow tier; a lost GPU still raises."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in _LOST:
+                raise GpuLost(index, code, str(exc)) from None
+            if code not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                self._log_once(fn, code)
+            return None
+
+    def _mig_activity(self, index: int, h: Any) -> dict[str, float]:
+        """GPM ratios per GPU instance (nvmlGpmMigSampleGet), for the instances the last
+        slow read found; "<gpu instance>:<metric>"."""
+        out: dict[str, float] = {}
+        gis = self._mig_gis.get(index, ())
+        for key in [k for k in self._gpm_mig if k[0] == index and k[1] not in gis]:
+            self._gpm_mig.pop(key).free()  # an instance destroyed since
+        for gi in gis:
+            gpm = self._gpm_mig.setdefault((index, gi), _Gpm(True))
+            try:
+                values = self._gpm_window(index, gpm, pynvml.nvmlGpmMigSampleGet, h, gi)
+            except NvmlCallError as exc:  # one instance's refusal costs only its values
+                log.debug("nvml: GPU %d instance %d: %s", index, gi, exc)
+                continue
+            for name, v in values.items():
+                if v is not None and name in MIG_ACTIVITY_METRICS:
+                    out[f"{gi}:{name}"] = v
+        return out
 
     # --- for bench/nvml_cost.py -------------------------------------------------------------
     def calls(self, index: int) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -353,6 +573,8 @@ class NvmlBackend:
         h = self._h(index)
         p = pynvml
         fields = list(SLOW_FIELDS.values())
+        gpm = _GpmPair(h)
+        link_ids = [(fid, link) for link in range(18) for fid in NVLINK_LINK_FIELDS.values()]
         return [
             ("static", "nvmlDeviceGetUUID", lambda: p.nvmlDeviceGetUUID(h)),
             ("static", "nvmlDeviceGetPciInfo", lambda: p.nvmlDeviceGetPciInfo(h)),
@@ -437,6 +659,11 @@ class NvmlBackend:
             ("slow", "nvmlDeviceGetNvLinkState(0)", lambda: p.nvmlDeviceGetNvLinkState(h, 0)),
             (
                 "slow",
+                f"nvmlDeviceGetFieldValues(per-link NVLink, {len(link_ids)} fields)",
+                lambda: p.nvmlDeviceGetFieldValues(h, link_ids),
+            ),
+            (
+                "slow",
                 "nvmlDeviceGetComputeRunningProcesses",
                 lambda: p.nvmlDeviceGetComputeRunningProcesses(h),
             ),
@@ -444,6 +671,22 @@ class NvmlBackend:
                 "slow",
                 "nvmlDeviceGetGraphicsRunningProcesses",
                 lambda: p.nvmlDeviceGetGraphicsRunningProcesses(h),
+            ),
+            (
+                "slow",
+                "nvmlDeviceGetProcessUtilization",
+                _allow_not_found(lambda: p.nvmlDeviceGetProcessUtilization(h, 0)),
+            ),
+            (
+                "costly",
+                f"nvmlDeviceGetFieldValues({'+'.join(map(str, COSTLY_FIELDS.values()))})",
+                lambda: p.nvmlDeviceGetFieldValues(h, list(COSTLY_FIELDS.values())),
+            ),
+            ("profile", "nvmlGpmSampleGet", lambda: p.nvmlGpmSampleGet(h, gpm.sample())),
+            (
+                "profile",
+                f"nvmlGpmMetricsGet({len(GPM_METRICS)} metrics)",
+                lambda: p.nvmlGpmMetricsGet(gpm.request()),
             ),
             ("ref", "nvmlDeviceGetPcieReplayCounter", lambda: p.nvmlDeviceGetPcieReplayCounter(h)),
             ("ref", "nvmlDeviceGetRemappedRows", lambda: p.nvmlDeviceGetRemappedRows(h)),
@@ -489,6 +732,97 @@ class NvmlBackend:
             return int(pynvml.nvmlDeviceGetIndex(device))
         except pynvml.NVMLError:
             return -1
+
+
+class _Gpm:
+    """One GPU's GPM state: the previous sample, a spare buffer and the request struct,
+    allocated once and reused (each read swaps the two samples)."""
+
+    def __init__(self, supported: bool) -> None:
+        self.supported = supported
+        self.answer: float | None = float(supported)  # gpm_supported as reported
+        self.prev: Any = None
+        self.spare: Any = None
+        self._request: Any = None
+
+    def take_spare(self) -> Any:
+        spare, self.spare = self.spare, None
+        return spare if spare is not None else pynvml.nvmlGpmSampleAlloc()
+
+    def request(self, first: Any, second: Any) -> Any:
+        mg = self._request
+        if mg is None:
+            mg = self._request = pynvml.c_nvmlGpmMetricsGet_t()
+            mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            for i, (_name, mid, _scale) in enumerate(GPM_METRICS):
+                mg.metrics[i].metricId = mid
+        mg.sample1, mg.sample2 = first, second
+        return mg
+
+    def free(self) -> None:
+        for sample in (self.prev, self.spare):
+            if sample is not None:
+                try:
+                    pynvml.nvmlGpmSampleFree(sample)
+                except pynvml.NVMLError:
+                    log.debug("nvmlGpmSampleFree failed", exc_info=True)
+        self.prev = self.spare = None
+
+
+class _GpmPair:
+    """Two GPM samples taken once, for timing nvmlGpmSampleGet and nvmlGpmMetricsGet
+    alone (bench/nvml_cost.py; the samples live as long as the process). A GPU without
+    GPM makes both calls raise NotSupported."""
+
+    def __init__(self, h: Any) -> None:
+        self._h = h
+        self._gpm: _Gpm | None = None
+
+    def _ready(self) -> _Gpm:
+        if self._gpm is None:
+            gpm = _Gpm(True)
+            gpm.prev, gpm.spare = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+            pynvml.nvmlGpmSampleGet(self._h, gpm.prev)
+            pynvml.nvmlGpmSampleGet(self._h, gpm.spare)
+            self._gpm = gpm
+        return self._gpm
+
+    def sample(self) -> Any:
+        return self._ready().spare
+
+    def request(self) -> Any:
+        gpm = self._ready()
+        return gpm.request(gpm.prev, gpm.spare)
+
+
+def _allow_not_found(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """NOT_FOUND (no process was busy) is an answer of the call, not a failure."""
+
+    def call() -> Any:
+        try:
+            return fn()
+        except pynvml.NVMLError as exc:
+            if int(exc.value) != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
+            return None
+
+    return call
+
+
+def _metric_values(mg: Any) -> dict[str, float | None]:
+    """GPM_METRICS' values from a computed request, in base units; None where refused."""
+    values: dict[str, float | None] = {}
+    for i, (name, _mid, scale) in enumerate(GPM_METRICS):
+        m = mg.metrics[i]
+        v = float(m.value) if m.nvmlReturn == pynvml.NVML_SUCCESS else math.nan
+        values[name] = v * scale if math.isfinite(v) and v >= 0 else None
+    return values
+
+
+def _ratio(pct: Any) -> float:
+    """A per-process sample's % -> ratio (the arithmetic of util.gpu / 100.0)."""
+    return float(pct) / 100.0
 
 
 def _one_field(h: Any, fid: int) -> Callable[[], Any]:

@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from moptd.catalog import CATALOG
 from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.gpu.readings import (
+    PROCESS_UTIL_FIELDS,
     FastReading,
     ProcessReading,
+    ProfileReading,
     SlowReading,
     StaticReading,
 )
@@ -35,6 +37,12 @@ def _plain_fields(cls: type) -> tuple[str, ...]:
 _STATIC_FIELDS = _plain_fields(StaticReading)
 _FAST_FIELDS = tuple(f for f in _plain_fields(FastReading) if f != "clock_event_reasons")
 _SLOW_FIELDS = _plain_fields(SlowReading)
+_PROFILE_FIELDS = _plain_fields(ProfileReading)
+
+# At most this many processes per GPU get the per-process utilisation series (the busiest
+# by SM, then memory): a host running hundreds of tiny CUDA processes must not make
+# hundreds of series a scrape. Only processes NVML lists as running now are exported.
+PROCESS_UTIL_CAP = 32
 
 
 def add_static(batch: Batch, r: StaticReading) -> None:
@@ -71,7 +79,9 @@ _REASON_LABELS = tuple(
     (bit, f"reason:{reason}", labels_of(reason=reason)) for bit, reason in CLOCK_EVENT_REASONS
 )
 _FAST_SIGNALS = tuple((f, f"gpu.{f}") for f in _FAST_FIELDS)
-_TIER_LABELS = {t: labels_of(tier=t) for t in ("static", "fast", "slow")}
+_TIER_LABELS = {
+    t: labels_of(tier=t) for t in ("static", "fast", "slow", "costly", "energy", "profile")
+}
 
 
 def add_fast(
@@ -115,17 +125,49 @@ def add_slow(batch: Batch, index: int, r: SlowReading) -> None:
             batch.add("gpu.retired_pages", subject, float(v), labels_of(cause=cause))
     _add_labelled(batch, "gpu.clock_event_time", subject, "reason", r.clock_event_time)
     _add_labelled(batch, "gpu.nvlink_errors", subject, "counter", r.nvlink_errors)
+    _add_labelled(batch, "gpu.nvlink_link_up", subject, "link", r.nvlink_link_up)
+    _add_pairs(batch, "gpu.nvlink_link_errors", subject, ("link", "counter"), r.nvlink_link_errors)
+    _add_pairs(batch, "gpu.nvlink_link_bytes", subject, ("link", "direction"), r.nvlink_link_bytes)
+    for m in r.mig_devices:
+        labels = labels_of(
+            gpu_instance=str(m.gpu_instance), compute_instance=str(m.compute_instance)
+        )
+        if m.memory_used is not None:
+            batch.add("gpu.mig_memory_used", subject, m.memory_used, labels)
+        if m.memory_total is not None:
+            batch.add("gpu.mig_memory_total", subject, m.memory_total, labels)
     add_processes(batch, index, r.processes)
 
 
+def add_profile(batch: Batch, index: int, r: ProfileReading) -> None:
+    subject = gpu_subject(index)
+    for f in _PROFILE_FIELDS:
+        v = getattr(r, f)
+        if v is not None:
+            batch.add(f"gpu.{f}", subject, float(v))
+    _add_pairs(batch, "gpu.mig_activity", subject, ("gpu_instance", "metric"), r.mig_activity)
+
+
 def add_processes(batch: Batch, index: int, processes: tuple[ProcessReading, ...]) -> None:
-    """One process.gpu_memory per (process, GPU); a process on two GPUs gets two series."""
+    """One process.gpu_memory per (process, GPU); a process on two GPUs gets two series.
+    The utilisation series for the PROCESS_UTIL_CAP busiest processes of the GPU."""
+    gpu = labels_of(gpu=str(index))
     for p in processes:
         subject = f"process:{p.pid}"
         if p.used_memory is not None:
-            batch.add("process.gpu_memory", subject, p.used_memory, labels_of(gpu=str(index)))
+            batch.add("process.gpu_memory", subject, p.used_memory, gpu)
         if p.name:
             batch.describe(subject, name=p.name)
+    measured = [p for p in processes if p.sm_util is not None or p.mem_util is not None]
+    if len(measured) > PROCESS_UTIL_CAP:
+        measured.sort(key=lambda p: (-(p.sm_util or 0.0), -(p.mem_util or 0.0), p.pid))
+        del measured[PROCESS_UTIL_CAP:]
+    for p in measured:
+        subject = f"process:{p.pid}"
+        for f in PROCESS_UTIL_FIELDS:
+            v = getattr(p, f)
+            if v is not None:
+                batch.add(f"process.gpu_{f}", subject, float(v), gpu)
 
 
 def _add_labelled(
@@ -133,6 +175,27 @@ def _add_labelled(
 ) -> None:
     for key in sorted(values):
         batch.add(signal, subject, float(values[key]), labels_of({label: key}))
+
+
+def _add_pairs(
+    batch: Batch,
+    signal: str,
+    subject: str,
+    labels: tuple[str, str],
+    values: Mapping[str, float],
+) -> None:
+    """Keys "<first label's value>:<second label's value>", e.g. "3:replay" for
+    (link, counter); numeric first parts in numeric order."""
+    for key in sorted(values, key=_pair_order):
+        first, _, second = key.partition(":")
+        batch.add(
+            signal, subject, float(values[key]), labels_of({labels[0]: first, labels[1]: second})
+        )
+
+
+def _pair_order(key: str) -> tuple[int, str]:
+    link, _, what = key.partition(":")
+    return (int(link) if link.isdigit() else -1, what)
 
 
 def add_ages(batch: Batch, index: int, ages: Mapping[str, float]) -> None:
@@ -148,6 +211,7 @@ def gpu_batch(
     slow: SlowReading | None,
     ages: Mapping[str, float] | None = None,
     reuse: dict[str, Sample] | None = None,
+    profile: ProfileReading | None = None,
 ) -> Batch:
     """All samples of one GPU, as the NVML collector makes them (gpu.lost = 0); ``reuse``
     as for add_fast."""
@@ -158,6 +222,8 @@ def gpu_batch(
         add_fast(batch, static.index, fast, reuse)
     if slow is not None:
         add_slow(batch, static.index, slow)
+    if profile is not None:
+        add_profile(batch, static.index, profile)
     if ages:
         add_ages(batch, static.index, ages)
     return batch

@@ -7,7 +7,8 @@ seconds). ``None`` means the source cannot give the value (NVML NotSupported, nv
 
 Readings are split by cost (see moptd/catalog/gpu.py): ``StaticReading`` (identity,
 limits, modes, maxima) is read at start and on a slow refresh, ``FastReading`` every tick,
-``SlowReading`` (the NVML calls costing 0.1-3 ms) on a slower cadence.
+``SlowReading`` (the NVML calls costing 0.1-3 ms) on a slower cadence, ``ProfileReading``
+(NVML's GPM metrics between two consecutive GPM samples) on the profile cadence.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ COSTLY_CLOCK_EVENT_COUNTERS = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 # Label values of gpu.nvlink_errors (NVML_NVLINK_ERROR_DL_* and the *_COUNT_TOTAL fields).
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
+# Counter label values of gpu.nvlink_link_errors (fields 161-163, NVML_FI_DEV_NVLINK_ERROR_DL_*,
+# read per link).
+NVLINK_LINK_COUNTERS = ("replay", "recovery", "crc")
+NVLINK_MAPPINGS = ("nvlink_link_up", "nvlink_link_errors", "nvlink_link_bytes")
 
 
 class GpuLost(Exception):
@@ -61,12 +66,48 @@ class BackendUnavailable(Exception):
 @dataclass(frozen=True, slots=True)
 class ProcessReading:
     """One process with a context on a GPU. used_memory in bytes (None: not reported,
-    e.g. without permission or under MIG)."""
+    e.g. without permission or under MIG). The utilisation ratios are NVML's per-process
+    sample (nvmlDeviceGetProcessUtilization; nvidia-smi pmon's sm, mem, enc, dec columns
+    / 100): None where the GPU cannot give them, 0 for a process NVML reported no sample
+    for since the previous read (NVML returns only processes that were busy)."""
 
     pid: int
     used_memory: float | None = None
     type: str = "C"  # C compute, G graphics, C+G both
     name: str = ""  # what the source calls it (nvidia-smi prints it; NVML does not)
+    sm_util: float | None = None  # ratio; pmon "sm" / 100
+    mem_util: float | None = None  # ratio; pmon "mem" / 100
+    enc_util: float | None = None  # ratio; pmon "enc" / 100
+    dec_util: float | None = None  # ratio; pmon "dec" / 100
+
+
+PROCESS_UTIL_FIELDS = ("sm_util", "mem_util", "enc_util", "dec_util")
+
+
+@dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device (a compute instance in a GPU instance) of a GPU with MIG on: its
+    memory is the GPU instance's (nvmlDeviceGetMemoryInfo on the MIG device handle)."""
+
+    gpu_instance: int
+    compute_instance: int
+    uuid: str = ""  # MIG-...
+    memory_total: float | None = None  # bytes
+    memory_used: float | None = None  # bytes
+
+
+# The GPM ratios read per GPU instance under MIG (nvmlGpmMigSampleGet): the label values
+# of gpu.mig_activity's "metric".
+MIG_ACTIVITY_METRICS = (
+    "gr_engine_active",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +177,40 @@ class SlowReading:
     remap_failure: float | None = None  # 0/1; remapped_rows.failure
     nvlink_links_active: float | None = None  # links whose state is up
     nvlink_errors: Mapping[str, float] = field(default_factory=dict)  # summed over links
+    # Per link (label "link", the NVML link index as text): state 1 up / 0 down, and from one
+    # batched field-values call with scopeId = link the DL error counters (keys
+    # "<link>:<counter>", NVLINK_LINK_COUNTERS) and the data bytes ("<link>:tx", "<link>:rx").
+    nvlink_link_up: Mapping[str, float] = field(default_factory=dict)
+    nvlink_link_errors: Mapping[str, float] = field(default_factory=dict)
+    nvlink_link_bytes: Mapping[str, float] = field(default_factory=dict)
+    mig_devices: tuple[MigReading, ...] = ()  # MIG on only
     recovery_action: float | None = None  # field 230; -q "GPU Recovery Action"
     processes: tuple[ProcessReading, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileReading:
+    """NVML's GPM metrics over the window between two consecutive GPM samples (Hopper and
+    newer). gpm_supported is 0 where the GPU has no GPM (then every metric is None) and
+    1 where it has; a metric is None until a second sample gives a window, or when NVML
+    refuses that one metric. Ratios are GPM's percentages / 100; throughputs are GPM's
+    MiB/s in bytes/s."""
+
+    gpm_supported: float | None = None  # 0/1; nvmlGpmQueryDeviceSupport
+    gr_engine_active: float | None = None  # ratio; NVML_GPM_METRIC_GRAPHICS_UTIL
+    sm_active: float | None = None  # ratio; NVML_GPM_METRIC_SM_UTIL
+    sm_occupancy: float | None = None  # ratio; NVML_GPM_METRIC_SM_OCCUPANCY
+    tensor_active: float | None = None  # ratio; NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    dram_active: float | None = None  # ratio; NVML_GPM_METRIC_DRAM_BW_UTIL
+    fp64_active: float | None = None  # ratio; NVML_GPM_METRIC_FP64_UTIL
+    fp32_active: float | None = None  # ratio; NVML_GPM_METRIC_FP32_UTIL
+    fp16_active: float | None = None  # ratio; NVML_GPM_METRIC_FP16_UTIL
+    pcie_tx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    pcie_rx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_PCIE_RX_PER_SEC
+    nvlink_tx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
+    nvlink_rx_bytes: float | None = None  # bytes/s; NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+    # Under MIG: "<gpu instance>:<metric>" -> ratio, metric one of MIG_ACTIVITY_METRICS.
+    mig_activity: Mapping[str, float] = field(default_factory=dict)
 
 
 class GpuBackend(Protocol):
@@ -157,8 +230,14 @@ class GpuBackend(Protocol):
         """Everything of SlowReading except the costly values (see read_costly)."""
         ...
 
-    def read_costly(self, index: int) -> SlowReading:
-        """Only energy and the COSTLY_CLOCK_EVENT_COUNTERS; other fields None/empty."""
+    def read_costly(self, index: int, energy: bool = True) -> SlowReading:
+        """Only energy and the COSTLY_CLOCK_EVENT_COUNTERS; other fields None/empty.
+        energy=False leaves the total-energy counter (3 ms, the dearest call) unread."""
+        ...
+
+    def read_profile(self, index: int) -> ProfileReading:
+        """GPM metrics since the previous read_profile of this GPU (one GPM sample and one
+        metrics computation per call)."""
         ...
 
     def wait_xid(self, timeout_ms: int) -> list[tuple[int, int]]:
@@ -194,18 +273,28 @@ def merge_costly(slow: SlowReading | None, costly: SlowReading | None) -> SlowRe
     )
 
 
-R = TypeVar("R", StaticReading, FastReading, SlowReading)
+R = TypeVar("R", StaticReading, FastReading, SlowReading, ProfileReading)
+AnyReading = StaticReading | FastReading | SlowReading | ProfileReading
 
 
-def reading_to_dict(reading: StaticReading | FastReading | SlowReading) -> dict[str, Any]:
+def reading_to_dict(reading: AnyReading) -> dict[str, Any]:
     """A JSON-ready dict; None fields are left out to keep recordings small."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(reading):
         v = getattr(reading, f.name)
         if v is None or (isinstance(v, (dict, tuple)) and not v):
             continue
-        if f.name == "processes":
-            v = [dataclasses.asdict(p) for p in v]
+        if f.name == "mig_devices":
+            v = [dataclasses.asdict(m) for m in v]
+        elif f.name == "processes":
+            v = [
+                {
+                    k: x
+                    for k, x in dataclasses.asdict(p).items()
+                    if x is not None or k not in PROCESS_UTIL_FIELDS
+                }
+                for p in v
+            ]
         elif isinstance(v, Mapping):
             v = dict(v)
         out[f.name] = v
@@ -226,10 +315,22 @@ def reading_from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
                     _opt_float(p.get("used_memory")),
                     str(p.get("type", "C")),
                     str(p.get("name", "")),
+                    *(_opt_float(p.get(k)) for k in PROCESS_UTIL_FIELDS),
                 )
                 for p in v
             )
-        elif f.name in ("clock_event_time", "nvlink_errors"):
+        elif f.name == "mig_devices":
+            v = tuple(
+                MigReading(
+                    int(m["gpu_instance"]),
+                    int(m["compute_instance"]),
+                    str(m.get("uuid", "")),
+                    _opt_float(m.get("memory_total")),
+                    _opt_float(m.get("memory_used")),
+                )
+                for m in v
+            )
+        elif f.name in ("clock_event_time", "nvlink_errors", "mig_activity", *NVLINK_MAPPINGS):
             v = {str(k): float(x) for k, x in dict(v).items()}
         elif f.name in ("index", "clock_event_reasons"):
             v = None if v is None else int(v)

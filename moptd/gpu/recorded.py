@@ -1,12 +1,14 @@
 """The recorded NVML backend: replays readings captured from a real GPU host.
 
-Recording format (``moptd-nvml-recording/1``), JSON lines, one object per line:
+Recording format (``moptd-nvml-recording/2``), JSON lines, one object per line:
 
-- line 1, the header: ``{"format": "moptd-nvml-recording/1", "driver_version": "580.159.04",
+- line 1, the header: ``{"format": "moptd-nvml-recording/2", "driver_version": "580.159.04",
   "gpus": 1, "source": "free text"}``
-- a reading: ``{"t": 1795969286.868, "gpu": 0, "tier": "static"|"fast"|"slow",
-  "reading": {...}}`` where ``reading`` holds the fields of StaticReading, FastReading or
-  SlowReading (moptd/gpu/readings.py) in base units; absent fields are None.
+- a reading: ``{"t": 1795969286.868, "gpu": 0, "tier": "static"|"fast"|"slow"|"profile",
+  "reading": {...}}`` where ``reading`` holds the fields of StaticReading, FastReading,
+  SlowReading or ProfileReading (moptd/gpu/readings.py) in base units; absent fields are
+  None. Version 2 added the "profile" tier (GPM) and the per-process utilisation fields of
+  a slow entry's processes; version 1 recordings (neither) replay as they are.
 - a fault, for tests and drills: ``{"t": ..., "gpu": 1, "tier": "fast", "fault": "lost"}``
   (every later read of that GPU raises GpuLost), ``"fault": "hang", "seconds": 3``
   (that read blocks, then the next entry is returned), ``"fault": "error", "code": 10``
@@ -28,6 +30,7 @@ Command line::
     python -m moptd.gpu.recorded record --out FILE --seconds N --interval S
     python -m moptd.gpu.recorded build --dump nvsmi_idle.xml --dump nvsmi_load.xml \\
         --samples nvml_samples.jsonl --out FILE
+    python -m moptd.gpu.recorded build-probe --probe gpu_depth_probe.json --out FILE
 """
 
 from __future__ import annotations
@@ -44,14 +47,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from moptd.gpu.backend import NvmlBackend
-from moptd.gpu.batch import add_fast, add_slow, gpu_batch
+from moptd.gpu.backend import GPM_METRICS, NvmlBackend
+from moptd.gpu.batch import add_fast, add_profile, add_slow, gpu_batch
 from moptd.gpu.nvsmi import read_dump
 from moptd.gpu.readings import (
+    NVLINK_MAPPINGS,
+    PROCESS_UTIL_FIELDS,
     FastReading,
     GpuLost,
     NvmlCallError,
     ProcessReading,
+    ProfileReading,
     SlowReading,
     StaticReading,
     merge_costly,
@@ -61,13 +67,20 @@ from moptd.gpu.readings import (
 )
 from moptd.located import LocatedError
 from moptd.observations import Batch, Sample, gpu_subject
+from moptd.proc.pci import pci_key
 
-FORMAT = "moptd-nvml-recording/1"
-TIERS = ("static", "fast", "slow")
+FORMAT = "moptd-nvml-recording/2"
+READABLE_FORMATS = ("moptd-nvml-recording/1", FORMAT)
+TIERS = ("static", "fast", "slow", "profile")
 log = logging.getLogger(__name__)
 
-Reading = StaticReading | FastReading | SlowReading
-_CLASSES: dict[str, type[Any]] = {"static": StaticReading, "fast": FastReading, "slow": SlowReading}
+Reading = StaticReading | FastReading | SlowReading | ProfileReading
+_CLASSES: dict[str, type[Any]] = {
+    "static": StaticReading,
+    "fast": FastReading,
+    "slow": SlowReading,
+    "profile": ProfileReading,
+}
 
 
 class RecordingError(LocatedError):
@@ -78,7 +91,7 @@ class RecordingError(LocatedError):
 class Entry:
     t: float
     gpu: int
-    tier: str  # static | fast | slow
+    tier: str  # static | fast | slow | profile
     reading: Reading | None = None
     fault: str = ""  # lost | hang | error
     seconds: float = 0.0
@@ -143,7 +156,7 @@ def _why(exc: Exception) -> str:
 
 def _take(rec: Recording, obj: dict[str, Any]) -> None:
     if "format" in obj:
-        if obj["format"] != FORMAT:
+        if obj["format"] not in READABLE_FORMATS:
             raise ValueError(f"key 'format': unsupported {obj['format']!r} (want {FORMAT})")
         rec.driver_version = str(obj.get("driver_version", ""))
         rec.gpus = int(obj.get("gpus", 0))
@@ -177,17 +190,39 @@ def _take(rec: Recording, obj: dict[str, Any]) -> None:
 
 
 def dump_recording(rec: Recording, out: TextIO) -> None:
+    """Writes version 1 when nothing in the recording needs version 2, so that a moptd
+    without the profile tier still replays it."""
+    _write_header(rec, FORMAT if _needs_v2(rec) else READABLE_FORMATS[0], out)
+    for e in rec.entries:
+        out.write(json.dumps(_entry_dict(e)) + "\n")
+    for t, gpu, xid in rec.xids:
+        out.write(json.dumps({"t": t, "gpu": gpu, "xid": xid}) + "\n")
+
+
+def _write_header(rec: Recording, fmt: str, out: TextIO) -> None:
     header = {
-        "format": FORMAT,
+        "format": fmt,
         "driver_version": rec.driver_version,
         "gpus": rec.gpus,
         "source": rec.source,
     }
     out.write(json.dumps(header) + "\n")
+
+
+def _needs_v2(rec: Recording) -> bool:
+    """Whether an entry holds what version 2 added: the profile tier, per-process
+    utilisation, per-link NVLink values, MIG devices."""
     for e in rec.entries:
-        out.write(json.dumps(_entry_dict(e)) + "\n")
-    for t, gpu, xid in rec.xids:
-        out.write(json.dumps({"t": t, "gpu": gpu, "xid": xid}) + "\n")
+        if e.tier == "profile":
+            return True
+        r = e.reading
+        if not isinstance(r, SlowReading):
+            continue
+        if r.mig_devices or any(getattr(r, f) for f in NVLINK_MAPPINGS):
+            return True
+        if any(getattr(p, f) is not None for p in r.processes for f in PROCESS_UTIL_FIELDS):
+            return True
+    return False
 
 
 def _entry_dict(e: Entry) -> dict[str, Any]:
@@ -284,10 +319,17 @@ class RecordedBackend:
         r = self._next(index, "slow")
         return split_costly(r)[0] if isinstance(r, SlowReading) else SlowReading()
 
-    def read_costly(self, index: int) -> SlowReading:
-        """The costly part of the slow stream (its own cursor: a slower cadence)."""
+    def read_costly(self, index: int, energy: bool = True) -> SlowReading:
+        """The costly part of the slow stream (its own cursor: a slower cadence); without
+        ``energy``, as the live backend, no energy value."""
         r = self._next(index, "costly")
-        return split_costly(r)[1] if isinstance(r, SlowReading) else SlowReading()
+        costly = split_costly(r)[1] if isinstance(r, SlowReading) else SlowReading()
+        return costly if energy else replace(costly, energy=None)
+
+    def read_profile(self, index: int) -> ProfileReading:
+        """The next profile entry; a recording without any (version 1) has no GPM values."""
+        r = self._next(index, "profile")
+        return r if isinstance(r, ProfileReading) else ProfileReading()
 
     def wait_xid(self, timeout_ms: int) -> list[tuple[int, int]]:
         with self._lock:
@@ -356,6 +398,112 @@ def from_captures(dumps: Iterable[Path], samples: Path | None) -> Recording:
         rec.entries.append(Entry(t, gpu, "fast", fast))
         rec.entries.append(Entry(t, gpu, "slow", slow))
     return rec
+
+
+def from_probe(path: Path) -> Recording:
+    """A recording from a tools/gpu_depth_probe.py capture: per phase (idle, tensor load,
+    DRAM load) one fast entry (NVML utilisation), one slow entry (the running compute
+    processes joined to NVML's per-process utilisation, as the live backend joins them)
+    and one profile entry (the GPM metrics moptd exports, scaled as the live backend
+    scales them); the static entry from the probe's GPU identity. Values the probe does
+    not hold stay None. Raises RecordingError naming the key of bad input."""
+    try:
+        probe = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(probe, dict) or probe.get("format") != "moptd-gpu-depth-probe/1":
+            raise ValueError("format: not a moptd-gpu-depth-probe/1 capture")
+        return _probe_recording(probe, path.name)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordingError(path, 0, f"cannot read: {exc}") from None
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        raise RecordingError(path, 0, _why(exc)) from None
+
+
+def _probe_recording(probe: dict[str, Any], name: str) -> Recording:
+    driver = str(probe.get("driver_version", ""))
+    gpus = probe["gpus"]
+    rec = Recording(driver_version=driver, gpus=len(gpus), source=f"built from {name}")
+    t0 = float(probe["taken"])
+    for g in gpus:
+        rec.entries.append(
+            Entry(
+                t0,
+                int(g["index"]),
+                "static",
+                StaticReading(
+                    index=int(g["index"]),
+                    uuid=str(g.get("uuid", "")),
+                    pci_bus_id=pci_key(str(g.get("pci_bus_id", ""))),
+                    name=str(g.get("name", "")),
+                    driver_version=driver,
+                    mig_mode=_probe_mig(g.get("mig_mode")),
+                ),
+            )
+        )
+    for phase in probe["phases"]:
+        for gpu, g in enumerate(phase["gpus"]):
+            gpm = g.get("gpm") or {}
+            t = float(gpm.get("t2", t0))
+            util = g.get("utilization") or {}
+            fast = FastReading(
+                util=_percent(util.get("gpu")),
+                mem_util=_percent(util.get("memory")),
+            )
+            rec.entries.append(Entry(t, gpu, "fast", fast))
+            rec.entries.append(Entry(t, gpu, "slow", SlowReading(processes=_probe_procs(g))))
+            rec.entries.append(Entry(t, gpu, "profile", _probe_profile(gpm)))
+    return rec
+
+
+def _percent(v: Any) -> float | None:
+    """% -> ratio with the live backend's arithmetic (util.gpu / 100.0)."""
+    return None if v is None else float(v) / 100.0
+
+
+def _probe_mig(v: Any) -> float | None:
+    if isinstance(v, list) and v and isinstance(v[0], int | float):
+        return float(bool(v[0]))
+    return None
+
+
+def _probe_procs(g: dict[str, Any]) -> tuple[ProcessReading, ...]:
+    pu = g.get("process_util") or {}
+    running = pu.get("ComputeRunningProcesses")
+    if not isinstance(running, list):
+        return ()
+    samples = pu.get("GetProcessUtilization")
+    util: dict[int, tuple[float, float, float, float]] | None
+    if isinstance(samples, list):
+        util = {
+            int(x["pid"]): (x["sm"] / 100, x["mem"] / 100, x["enc"] / 100, x["dec"] / 100)
+            for x in samples
+        }
+    elif isinstance(samples, dict) and samples.get("nvml_return") == 6:  # NOT_FOUND
+        util = {}
+    else:
+        util = None
+    out = []
+    for x in running:
+        pid = int(x["pid"])
+        used = x.get("used")
+        p = ProcessReading(pid, None if used is None else float(used), "C")
+        if util is not None:
+            sm, mem, enc, dec = util.get(pid, (0.0, 0.0, 0.0, 0.0))
+            p = replace(p, sm_util=sm, mem_util=mem, enc_util=enc, dec_util=dec)
+        out.append(p)
+    return tuple(sorted(out, key=lambda p: p.pid))
+
+
+def _probe_profile(gpm: dict[str, Any]) -> ProfileReading:
+    supported = gpm.get("supported")
+    if supported != 1:
+        return ProfileReading(gpm_supported=0.0 if supported == 0 else None)
+    by_id = {int(m["id"]): m for m in gpm.get("metrics", [])}
+    values: dict[str, float | None] = {}
+    for field_name, mid, scale in GPM_METRICS:
+        m = by_id.get(mid)
+        ok = m is not None and m.get("return") == 0 and m.get("value") is not None
+        values[field_name] = float(m["value"]) * scale if ok and m is not None else None
+    return ProfileReading(gpm_supported=1.0, mig_activity={}, **values)
 
 
 # --- gpu/samples.jsonl rows ----------------------------------------------------------
@@ -461,6 +609,7 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
     rec = parse_recording(lines, path) if '"format"' in first else _rows(lines, path)
     static: dict[int, StaticReading] = {}
     slow: dict[int, SlowReading] = {}
+    profile: dict[int, ProfileReading] = {}
     # One sample cache per GPU, as the live collector keeps: a fast value that holds still
     # from row to row is the same Sample object, which costs less to build and to store.
     reuse: dict[int, dict[str, Sample]] = {}
@@ -474,13 +623,21 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
             static[e.gpu] = e.reading
         elif isinstance(e.reading, SlowReading):
             slow[e.gpu] = e.reading
+        elif isinstance(e.reading, ProfileReading):
+            profile[e.gpu] = e.reading
         elif isinstance(e.reading, FastReading):
             st = static.get(e.gpu)
             cache = reuse.setdefault(e.gpu, {})
+            prof = profile.get(e.gpu)
             if st is not None:
-                out.append((e.t, gpu_batch(st, e.reading, slow.get(e.gpu), reuse=cache)))
+                out.append(
+                    (e.t, gpu_batch(st, e.reading, slow.get(e.gpu), reuse=cache, profile=prof))
+                )
             else:
-                out.append((e.t, _unidentified_batch(e.gpu, e.reading, slow.get(e.gpu), cache)))
+                b = _unidentified_batch(e.gpu, e.reading, slow.get(e.gpu), cache)
+                if prof is not None:
+                    add_profile(b, e.gpu, prof)
+                out.append((e.t, b))
     out.sort(key=lambda tb: tb[0])
     return out
 
@@ -524,8 +681,16 @@ def _rows(lines: Sequence[str], path: Path) -> Recording:
 # --- recording the live backend ----------------------------------------------------
 
 
-def record_live(out: TextIO, seconds: float, interval: float, slow_interval: float) -> int:
-    """Record the live NVML backend's readings; returns the number of entries written."""
+def record_live(
+    out: TextIO,
+    seconds: float,
+    interval: float,
+    slow_interval: float,
+    profile_interval: float = 5.0,
+) -> int:
+    """Record the live NVML backend's readings (every tier, the profile tier's GPM
+    metrics and the slow tier's per-process utilisation included); returns the number of
+    entries written."""
     backend = NvmlBackend()
     backend.init()
     rec = Recording(
@@ -533,10 +698,11 @@ def record_live(out: TextIO, seconds: float, interval: float, slow_interval: flo
         gpus=backend.device_count(),
         source=f"moptd nvml_recorded record, interval {interval:g}s",
     )
-    dump_recording(rec, out)
+    _write_header(rec, FORMAT, out)  # the entries to come carry the profile tier
     written = 0
     end = time.monotonic() + seconds
     next_slow = 0.0
+    next_profile = 0.0
     first = True
     try:
         while time.monotonic() < end:
@@ -547,6 +713,9 @@ def record_live(out: TextIO, seconds: float, interval: float, slow_interval: flo
             if tick >= next_slow:
                 tiers.append("slow")
                 next_slow = tick + slow_interval
+            if tick >= next_profile:
+                tiers.append("profile")
+                next_profile = tick + profile_interval
             for gpu in range(rec.gpus):
                 for tier in tiers:
                     out.write(json.dumps(_entry_dict(_read_entry(backend, gpu, tier))) + "\n")
@@ -581,6 +750,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec.add_argument("--seconds", type=float, default=60.0)
     rec.add_argument("--interval", type=float, default=1.0)
     rec.add_argument("--slow-interval", type=float, default=5.0)
+    rec.add_argument("--profile-interval", type=float, default=5.0)
+    probe = sub.add_parser("build-probe", help="build a recording from a gpu_depth_probe capture")
+    probe.add_argument("--probe", type=Path, required=True)
+    probe.add_argument("--out", type=Path, required=True)
     build = sub.add_parser("build", help="build a recording from nvidia-smi dumps + samples")
     build.add_argument("--dump", type=Path, action="append", required=True)
     build.add_argument("--samples", type=Path)
@@ -590,9 +763,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "record":
             with args.out.open("w", encoding="utf-8") as fh:
-                n = record_live(fh, args.seconds, args.interval, args.slow_interval)
+                n = record_live(
+                    fh, args.seconds, args.interval, args.slow_interval, args.profile_interval
+                )
         else:
-            recording = from_captures(args.dump, args.samples)
+            if args.command == "build-probe":
+                recording = from_probe(args.probe)
+            else:
+                recording = from_captures(args.dump, args.samples)
             with args.out.open("w", encoding="utf-8") as fh:
                 dump_recording(recording, fh)
             n = len(recording.entries)
