@@ -137,7 +137,18 @@ class Daemon:
                 "and reloaded with SIGHUP",
                 len(self.rules.errors),
             )
-        ensure_dir(self.config.state_dir, 0o750)
+        try:
+            ensure_dir(self.config.state_dir, 0o750)
+        except OSError as exc:
+            # A read-only remount (ext4 errors=remount-ro) or a file where the directory
+            # should be: exactly when a monitor is needed. Serve anyway; the findings
+            # database says itself that it runs in memory (/v1/health degraded).
+            log.error(
+                "state directory %s is not usable (%s): running without it; findings are "
+                "kept in memory and lost at a restart until it is fixed",
+                self.config.state_dir,
+                exc.strerror or exc,
+            )
         await self.diagnosis.start()
         try:
             await self._serve()
