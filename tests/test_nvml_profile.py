@@ -344,3 +344,26 @@ def test_random_mig_entries_raise_only_recording_error(devices: list[dict[str, o
         parse_recording([line], "fuzz.jsonl")
     except RecordingError:
         pass
+
+
+LIVE = H200 / "nvml_recording_h200_gpm.jsonl"
+
+
+def test_a_true_h200_recording_reads_idle_then_matmul_then_idle():
+    """The recording `record` took on the H200 while a bf16 matmul ran for 9 s of 26: GPM
+    reads the load as SM and tensor activity and nothing while idle, as an expert expects;
+    per-process utilisation names the matmul process."""
+    rec = load_recording(LIVE)
+    profiles = [r for r in rec.entries if r.tier == "profile" and r.reading is not None]
+    tensor = [getattr(r.reading, "tensor_active", None) for r in profiles]
+    values = [t for t in tensor if t is not None]
+    assert values[0] == 0.0
+    assert values[-1] == 0.0
+    assert max(values) > 0.5  # the matmul: HMMA work
+    busy = [r.reading for r in profiles if (getattr(r.reading, "tensor_active", 0) or 0) > 0.5]
+    assert all(p.sm_active >= p.tensor_active for p in busy)  # type: ignore[union-attr]
+    assert all((p.dram_active or 0) < 0.5 for p in busy)  # type: ignore[union-attr]
+    slow = [r.reading for r in rec.entries if r.tier == "slow" and r.reading is not None]
+    procs = [p for s in slow for p in (getattr(s, "processes", None) or ())]
+    assert procs, "the matmul process is in a slow reading"
+    assert all(p.sm_util is not None and 0 < p.sm_util <= 1 for p in procs)

@@ -136,6 +136,8 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:  # the readiness pipe: a leak fails the test
+            self.proc.stdout.close()
 
 
 def test_idle_gpu_reads_no_activity(gpm: Any):
