@@ -92,12 +92,15 @@ class Daemon:
             config, _serving_collector(self.runtime), self.runtime.publish
         )
         self.rules = RuleService(self.store, self.clock, config.rule_paths)
+        db = FindingsDB(config.state_dir / FILE_NAME)
+        for collector, _, _ in self.runtime.collectors.values():
+            collector.ctx.positions = db  # the kernel log's place, committed with its events
         # Ticks the rules (every rule_interval, and at once when an event arrives), keeps
         # every transition and event in state_dir/findings.db, feeds /v1/events.
         self.diagnosis = Diagnosis(
             self.store,
             self.rules,
-            FindingsDB(config.state_dir / FILE_NAME),
+            db,
             interval=config.rule_interval,
             before_tick=self._set_missing,
         )
