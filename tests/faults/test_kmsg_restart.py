@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.api_helpers import kmsg_writable
-from tests.daemon_proc import DaemonProcess
+from tests.daemon_proc import DaemonProcess, seed_kernel_position
 
 pytestmark = [
     pytest.mark.slow,
@@ -84,6 +84,7 @@ def test_sigkill_at_random_moments_neither_misses_nor_duplicates_an_event(tmp_pa
         written.append(n)
 
     d = DaemonProcess(tmp_path, CONFIG)
+    seed_kernel_position(d.state_dir)  # before the first line: a start must find that one
     near_an_xid = 0
     started = time.monotonic()
     for _ in range(KILLS):
