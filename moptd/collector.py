@@ -134,12 +134,24 @@ class PositionStore(Protocol):
         ...
 
 
+class XidCounter(Protocol):
+    """The Xid counter the kernel-log and NVML collectors share, so that an Xid both
+    report counts once (moptd.kernel.xid_tally.XidTally)."""
+
+    kernel_following: bool
+
+    def add(self, source: str, subject: str, code: int, t: float) -> bool: ...
+
+    def report(self, batch: Batch) -> None: ...
+
+
 @dataclass
 class CollectorContext:
     """What a collector may know about the daemon: its own options, the filesystem roots
     it reads, what it reads that is not a file (``source``; None: the live host), the
     state directory, the clock, a way to publish events as they come, and (in the
-    daemon) where a log follower keeps its place.
+    daemon) where a log follower keeps its place, and the Xid counter shared by the
+    collectors that see Xids.
 
     ``recorded``: the sources are a recording (a bundle), not a live host. A file that is
     absent there is evidence that was not recorded: the collector goes on without it
@@ -158,6 +170,7 @@ class CollectorContext:
     publish: Callable[[list[Event]], None] = lambda events: None
     global_options: Mapping[str, Any] = field(default_factory=dict)
     positions: PositionStore | None = None
+    xids: XidCounter | None = None  # None: the collector counts on its own
 
 
     def host_path(self, path: Path | str) -> Path:

@@ -254,3 +254,37 @@ async def test_unreadable_kmsg_makes_the_collector_unavailable(tmp_path: Path) -
     with pytest.raises(Unavailable, match="no-kmsg"):
         await collector.collect()
     await collector.stop()
+
+
+async def test_an_xid_nvml_reported_too_counts_once(tmp_path: Path) -> None:
+    import time
+
+    from moptd.kernel.xid_tally import NVML, XidTally
+
+    _writable()
+    tag = f"moptd-test-{uuid.uuid4()}"
+    shared = XidTally()
+    events: list[Event] = []
+    ctx = CollectorContext(
+        options={"kmsg_path": str(KMSG)}, state_dir=tmp_path, publish=events.extend, xids=shared
+    )
+    collector = KernelLogCollector(ctx)
+    newest = _newest_seq()
+    await collector.start()
+    try:
+        # the boot's backlog first (other tests' Xid 31 lines on this address among it)
+        for _ in range(500):
+            if (getattr(collector.follower, "last_seq", None) or -1) >= newest:
+                break
+            await asyncio.sleep(0.01)
+        before = shared.counts.get(("gpu:0000:fe:00.0", 31), 0)
+        # the NVML event of the Xid whose kernel line follows (the subject as mapped)
+        shared.add(NVML, "gpu:0000:fe:00.0", 31, time.time())
+        _write(f"NVRM: Xid (PCI:0000:fe:00): 31, pid='<unknown>', name=<unknown>, {tag}\n")
+        assert len(await _wait_for(events, tag, 1)) == 1
+        batch = await collector.collect()
+    finally:
+        await collector.stop()
+    counts = {(s.subject, s.labels): s.value for s in batch.samples if s.signal == "gpu.xid_errors"}
+    assert counts[("gpu:0000:fe:00.0", (("xid", "31"),))] == before + 1
+    assert not shared.kernel_following  # stopped: the NVML collector reports it now

@@ -39,7 +39,8 @@ from moptd.kernel.kmsg import (
 )
 from moptd.kernel.logparse import KernelRecord
 from moptd.kernel.xid import catalog as xid_catalog
-from moptd.observations import NODE, Batch, Event, labels_of
+from moptd.kernel.xid_tally import KERNEL, XidTally
+from moptd.observations import NODE, Batch, Event
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,7 @@ class KernelLogCollector(Collector):
         )
         self.follower: _Follower | None = None
         self._unavailable = ""
-        self._xid_counts: dict[tuple[str, int], int] = {}
-        self._xid_last: dict[str, float] = {}
+        self.xids = ctx.xids if ctx.xids is not None else XidTally()
         self._map_at = -1e18
         self._source = ""
         self._saved: Position | None = None  # the position last handed to ctx.positions
@@ -123,6 +123,7 @@ class KernelLogCollector(Collector):
         # At once, before any record: a restart a moment from now resumes in this boot.
         await self._save_position()
         follower.attach(asyncio.get_running_loop())
+        self.xids.kernel_following = True  # this collector reports the Xid counter now
 
     async def _committed_position(self, source: str) -> Position | None:
         """The daemon's committed position (or the legacy file's, once); None in a one-shot
@@ -193,9 +194,8 @@ class KernelLogCollector(Collector):
                 events.append(Event(ev.stream, ev.subject, ev.t, fields, ev.text))
         for ev in events:
             if ev.stream == "kernel.xid":
-                key = (ev.subject, int(ev.fields["code"]))  # type: ignore[call-overload]
-                self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
-                self._xid_last[ev.subject] = ev.t
+                code = int(ev.fields["code"])  # type: ignore[call-overload]
+                self.xids.add(KERNEL, ev.subject, code, ev.t)
         if events:
             self.ctx.publish(events)
 
@@ -214,10 +214,8 @@ class KernelLogCollector(Collector):
         b = Batch()
         b.add("kernel.records_read", NODE, float(self.follower.records_read))
         b.add("kernel.records_lost", NODE, float(self.follower.records_lost))
-        for (subject, code), n in sorted(self._xid_counts.items()):
-            b.add("gpu.xid_errors", subject, float(n), labels_of(xid=str(code)))
-        for subject, t in self._xid_last.items():
-            b.add("gpu.xid_last_time", subject, t)
+        self.xids.report(b)  # the kernel log's Xids and NVML's, each once
+        for subject in {s.subject for s in b.samples if s.signal == "gpu.xid_last_time"}:
             uuid = self.attributor.uuid_for(subject.split(":", 1)[1])
             if uuid and subject.count(":") > 1:  # a gpu:<bus> subject NVML does not describe
                 b.describe(subject, uuid=uuid)
@@ -225,6 +223,7 @@ class KernelLogCollector(Collector):
 
     async def stop(self) -> None:
         if self.follower is not None:
+            self.xids.kernel_following = False
             self.follower.close()
             await self._save_position()
             self.follower = None

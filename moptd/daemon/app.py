@@ -28,6 +28,7 @@ from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
 from moptd.findings.service import Diagnosis
+from moptd.kernel.xid_tally import XidTally
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]]:
     known = registry()
     out: dict[str, tuple[Collector, float, float]] = {}
+    xids = XidTally()  # one for the kernel-log and NVML collectors: an Xid counts once
     for name, cc in config.collectors.items():
         if not cc.enabled or name not in known:
             continue
@@ -45,6 +47,7 @@ def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]
             sysfs=config.sysfs,
             state_dir=config.state_dir,
             global_options={"watch_paths": config.watch_paths},
+            xids=xids,
         )
         out[name] = (known[name](ctx), cc.interval, cc.timeout)
     return out
