@@ -133,3 +133,46 @@ def test_sigkill_at_random_moments_neither_misses_nor_duplicates_an_event(tmp_pa
     assert twice == {}
     others = sorted(set(counts) - set(written))
     assert others == [], f"stored, never written: {others}; stored {dict(counts)}"
+
+
+@pytest.mark.skipif(
+    not os.environ.get("MOPTD_KMSG_OVERRUN"),
+    reason="overwrites this host's whole kernel log; set MOPTD_KMSG_OVERRUN=1 (sandbox/CI VM)",
+)
+def test_a_ring_that_wrapped_while_the_daemon_was_down_is_counted_as_lost(tmp_path):
+    from tests.faults.conftest import api_get, metric_value, start_daemon
+    from tests.faults.test_kmsg_flood import flood, newest_seq, oldest_seq
+
+    tag = f"moptd-test-{uuid.uuid4()}"
+    d = start_daemon(tmp_path / "d", CONFIG)
+    try:
+        _write(f"<3>{XID79} {tag}-0\n")
+        db = tmp_path / "d" / "state" / "findings.db"
+        deadline = time.monotonic() + 20
+        while not _stored(db, tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _stored(db, tag) == Counter({"0": 1})
+    finally:
+        assert d.proc is not None
+        d.stop(signal.SIGKILL)
+    mark = newest_seq()
+    # more than the ring holds, while no daemon runs
+    while oldest_seq() <= mark + 10:
+        writer = flood(5_000, tag, "0000:fe:00")
+        assert writer.wait(300) == 0
+    d = start_daemon(tmp_path / "d", CONFIG)
+    try:
+        deadline = time.monotonic() + 30
+        lost = 0.0
+        while time.monotonic() < deadline:
+            lost = metric_value(d.scrape(), "moptd_kernel_records_lost_total") or 0.0
+            if lost:
+                break
+            time.sleep(0.2)
+        health = api_get(d, "/v1/health")
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+    # the flood went at least 10 records past the committed position before a new daemon
+    # could read it: those are counted lost
+    assert lost >= 10
+    assert health["collectors"]["kernel"]["state"] == "ok"
