@@ -15,12 +15,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
 from moptd.collectors.kernel_log import KernelLogCollector
 from moptd.daemon.runtime import CollectorRuntime
-from moptd.findings.db import FindingsDB, LogPosition
+from moptd.findings.db import FindingsDB, LogPosition, log_position_of
 from moptd.kernel.attribution import Attributor
 from moptd.kernel.kmsg import (
     POSITION_FIELD,
@@ -191,6 +193,7 @@ def test_a_failed_write_commits_neither_the_events_nor_their_position(tmp_path):
         {"source": "kmsg", "boot_id": 5, "seq": 1},
         {"source": "kmsg", "boot_id": BOOT, "seq": -1},
         {"source": "kmsg", "boot_id": BOOT, "seq": True},
+        {"source": "kmsg", "boot_id": BOOT, "seq": 2**64},
     ],
 )
 def test_a_malformed_carried_position_is_not_committed(tmp_path, carried):
@@ -357,3 +360,30 @@ def test_journal_entry_becomes_a_record():
     assert (rec.t, rec.uptime, rec.level, rec.fmt) == (1795969286.0, 5678.9, 3, "journal")
     [ev] = Attributor({"0000:3b:00.0": 1}).events(rec)
     assert (ev.stream, ev.subject, ev.fields["code"]) == ("kernel.xid", "gpu:1", 79)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.none(),
+        st.integers(),
+        st.text(max_size=20),
+        st.dictionaries(
+            st.sampled_from(["source", "boot_id", "seq", "cursor", "other"]),
+            st.one_of(
+                st.none(), st.booleans(), st.integers(-5, 2**70), st.floats(), st.text(max_size=40),
+                st.lists(st.integers(), max_size=3),
+            ),
+            max_size=5,
+        ),
+    )
+)
+def test_any_carried_position_is_read_or_refused_never_raises(carried):
+    ev = Event("kernel.xid", NODE, 1.0, {POSITION_FIELD: carried}, "x")
+    pos = log_position_of(ev)
+    if pos is not None:
+        assert isinstance(pos.source, str)
+        assert pos.source
+        assert isinstance(pos.boot_id, str)
+        assert pos.seq is None or (isinstance(pos.seq, int) and 0 <= pos.seq < 2**63)
+        assert isinstance(pos.cursor, str)

@@ -109,6 +109,9 @@ RETRY_FIRST = 10.0
 RETRY_MAX = 300.0
 
 
+SQLITE_INT_MAX = 2**63 - 1  # a larger seq cannot be stored (a kernel's never is)
+
+
 @dataclass(frozen=True, slots=True)
 class LogPosition:
     source: str  # kmsg | journal
@@ -126,7 +129,9 @@ def log_position_of(ev: Event) -> LogPosition | None:
     source, boot_id, seq, cursor = (raw.get(k) for k in ("source", "boot_id", "seq", "cursor"))
     if not isinstance(source, str) or not source or not isinstance(boot_id, str):
         return None
-    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 0):
+    if seq is not None and (
+        not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= SQLITE_INT_MAX
+    ):
         return None
     return LogPosition(source, boot_id, seq, cursor if isinstance(cursor, str) else "")
 
