@@ -80,3 +80,34 @@ async def test_the_nvml_collector_hands_its_xid_events_to_the_shared_counter():
     assert published == [ev]
     assert _counts(shared) == {("gpu:0", (("xid", "79"),)): 1.0}
     assert not shared.add(KERNEL, "gpu:0", 79, 100.2)  # its kernel line: the same Xid
+
+
+async def test_the_nvml_collector_reports_the_counter_where_the_kernel_log_is_not_followed(
+    tmp_path,
+):
+    import asyncio
+
+    from tests.test_nvml_collector import tick, write_recording
+
+    path = write_recording(tmp_path, [{"gpu": 1, "xid": 79}])  # the recorded Xid event
+    shared = XidTally()
+    arrived = asyncio.Event()
+    nvml = NvmlCollector(
+        CollectorContext(
+            options={"backend": "recorded", "recording": str(path)},
+            state_dir=tmp_path,
+            publish=lambda events: arrived.set(),
+            xids=shared,
+        )
+    )
+    await nvml.start()
+    try:
+        await asyncio.wait_for(arrived.wait(), 5)
+        alone = await tick(nvml)  # no kernel collector follows the kernel log
+        shared.kernel_following = True
+        beside = await tick(nvml)  # one does: it reports the shared counter, NVML does not
+    finally:
+        await nvml.stop()
+    xids = [(s.subject, s.labels, s.value) for s in alone.samples if s.signal == "gpu.xid_errors"]
+    assert xids == [("gpu:1", (("xid", "79"),), 1.0)]
+    assert [s for s in beside.samples if s.signal.startswith("gpu.xid_")] == []
