@@ -108,11 +108,50 @@ class Source(Protocol):
     def gpu_identities(self, procfs: Path) -> GpuIdentities: ...
 
 
+class SavedPosition(Protocol):
+    """A followed log's committed place: the boot, and the kmsg sequence number or the
+    journal cursor of the last record whose events are stored."""
+
+    @property
+    def boot_id(self) -> str: ...
+    @property
+    def seq(self) -> int | None: ...
+    @property
+    def cursor(self) -> str: ...
+
+
+class PositionStore(Protocol):
+    """Where a collector that follows a log keeps its place: in the daemon, the findings
+    database, which commits a position in the same transaction as the events that carry
+    it. A one-shot command has none: it keeps no place and reads the whole log."""
+
+    def load_position(self, source: str) -> SavedPosition | None:
+        """Blocking: call it through ``Collector.blocking``."""
+        ...
+
+    def save_position(self, source: str, boot_id: str, seq: int | None, cursor: str = "") -> object:
+        """Queued behind the events published before it; returns at once."""
+        ...
+
+
+class XidCounter(Protocol):
+    """The Xid counter the kernel-log and NVML collectors share, so that an Xid both
+    report counts once (moptd.kernel.xid_tally.XidTally)."""
+
+    kernel_following: bool
+
+    def add(self, source: str, subject: str, code: int, t: float) -> bool: ...
+
+    def report(self, batch: Batch) -> None: ...
+
+
 @dataclass
 class CollectorContext:
     """What a collector may know about the daemon: its own options, the filesystem roots
     it reads, what it reads that is not a file (``source``; None: the live host), the
-    state directory, the clock, and a way to publish events as they come.
+    state directory, the clock, a way to publish events as they come, and (in the
+    daemon) where a log follower keeps its place, and the Xid counter shared by the
+    collectors that see Xids.
 
     ``recorded``: the sources are a recording (a bundle), not a live host. A file that is
     absent there is evidence that was not recorded: the collector goes on without it
@@ -130,6 +169,8 @@ class CollectorContext:
     clock: Clock = field(default_factory=SystemClock)
     publish: Callable[[list[Event]], None] = lambda events: None
     global_options: Mapping[str, Any] = field(default_factory=dict)
+    positions: PositionStore | None = None
+    xids: XidCounter | None = None  # None: the collector counts on its own
 
 
     def host_path(self, path: Path | str) -> Path:

@@ -21,9 +21,49 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def newest_kmsg_seq() -> int | None:
+    """The sequence number of the newest record in this host's kernel log; None when
+    /dev/kmsg cannot be read here."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        last: int | None = None
+        while True:
+            try:
+                data = os.read(fd, 8192)
+            except BlockingIOError:
+                return last
+            except BrokenPipeError:
+                continue  # overwritten while we read
+            last = int(data.split(b",", 2)[1])
+    finally:
+        os.close(fd)
+
+
+def seed_kernel_position(state_dir: Path) -> None:
+    """Commit the kernel log's newest record as the daemon's position, as if it had
+    followed this boot until now: its first start then reads only what comes next, not
+    the records other tests left in this boot's ring."""
+    from moptd.findings.db import FILE_NAME, FindingsDB
+    from moptd.kernel.kmsg import read_boot_id
+
+    seq = newest_kmsg_seq()
+    if seq is None:
+        return
+    with FindingsDB(state_dir / FILE_NAME) as db:
+        db.save_position("kmsg", read_boot_id(), seq).result(30)
+
+
 class DaemonProcess:
     def __init__(self, tmp: Path, extra: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, kernel_from_now: bool = True) -> None:
+        """kernel_from_now: a new state directory starts with the kernel log's position at
+        its newest record (see seed_kernel_position); False for a true first start, which
+        reads the whole boot."""
+        self.kernel_from_now = kernel_from_now
         self.port = free_port()
         self.state_dir = tmp / "state"
         self.socket = tmp / "api.sock"
@@ -48,6 +88,9 @@ class DaemonProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, *args: str) -> DaemonProcess:
+        if self.kernel_from_now and not (self.state_dir / "findings.db").exists():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            seed_kernel_position(self.state_dir)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moptd", "run", "--config", str(self.config_path), *args],

@@ -1,4 +1,5 @@
-"""The kmsg follower: sequence tracking, lost records, saved position, bursts, failures.
+"""The kmsg follower: sequence tracking, lost records, resume and replay, bursts,
+failures; the position kept in the findings database with the events it covers.
 
 Records travel through a real SOCK_SEQPACKET socket pair (one record per read, exactly
 as /dev/kmsg delivers them); the real device is exercised in test_kmsg_live.py.
@@ -7,30 +8,31 @@ as /dev/kmsg delivers them); the real device is exercised in test_kmsg_live.py.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import os
 import socket
-import stat
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
 from moptd.collectors.kernel_log import KernelLogCollector
 from moptd.daemon.runtime import CollectorRuntime
+from moptd.findings.db import FindingsDB, LogPosition, log_position_of
 from moptd.kernel.attribution import Attributor
 from moptd.kernel.kmsg import (
+    POSITION_FIELD,
     KmsgFollower,
     Position,
     StateError,
     load_position,
-    save_position,
 )
 from moptd.kernel.logparse import KernelRecord
+from moptd.observations import NODE, Event
 from moptd.store import SignalStore
 
 BOOT = "5e1f2c7a-0000-4000-8000-000000000001"
@@ -49,8 +51,16 @@ def pair():
     b.close()
 
 
-def _follower(tmp_path: Path, got: list[KernelRecord]) -> KmsgFollower:
-    return KmsgFollower(tmp_path / "dev", tmp_path / "state.json", got.extend, boot_id=BOOT)
+def _follower(
+    tmp_path: Path,
+    got: list[KernelRecord],
+    resume: Position | None = None,
+    replayed: list[KernelRecord] | None = None,
+) -> KmsgFollower:
+    on_replay = replayed.extend if replayed is not None else None
+    return KmsgFollower(
+        tmp_path / "dev", got.extend, boot_id=BOOT, resume=resume, on_replay=on_replay
+    )
 
 
 def test_sequence_gaps_count_as_lost(tmp_path, pair):
@@ -68,51 +78,130 @@ def test_sequence_gaps_count_as_lost(tmp_path, pair):
     assert f.read_some(100) == []  # nothing more: EAGAIN, not an error
 
 
-def test_resume_after_saved_position_of_the_same_boot(tmp_path, pair):
+def test_resume_replays_through_the_position_of_the_same_boot(tmp_path, pair):
     a, b = pair
-    save_position(tmp_path / "state.json", Position(BOOT, 11))
-    got: list[KernelRecord] = []
-    f = _follower(tmp_path, got)
+    replayed: list[KernelRecord] = []
+    f = _follower(tmp_path, [], Position(BOOT, 11), replayed)
     f.adopt(b.fileno())
     for seq in (9, 10, 11, 12, 13):
         a.send(_record(seq))
     assert [r.seq for r in f.read_some(100)] == [12, 13]
+    # the records before it rebuild the parser's state; they are not new, nor counted
+    assert [r.seq for r in replayed] == [9, 10, 11]
+    assert f.records_read == 2
     assert f.records_lost == 0
+    assert f.position() == Position(BOOT, 13)
 
 
 def test_resume_counts_records_lost_while_stopped(tmp_path, pair):
     a, b = pair
-    save_position(tmp_path / "state.json", Position(BOOT, 11))
-    f = _follower(tmp_path, [])
+    f = _follower(tmp_path, [], Position(BOOT, 11))
     f.adopt(b.fileno())
     a.send(_record(20))  # the ring wrapped while moptd was down
     assert [r.seq for r in f.read_some(100)] == [20]
     assert f.records_lost == 8
 
 
-def test_another_boot_starts_from_the_beginning(tmp_path, pair):
-    a, b = pair
-    save_position(tmp_path / "state.json", Position("another-boot", 500))
-    f = _follower(tmp_path, [])
-    f.adopt(b.fileno())
-    a.send(_record(0))
-    a.send(_record(1))
-    assert [r.seq for r in f.read_some(100)] == [0, 1]
-    assert f.records_lost == 0
+def test_first_start_and_another_boot_read_every_record(tmp_path, pair):
+    for resume in (None, Position("another-boot", 500), Position(BOOT, None)):
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        b.setblocking(False)
+        replayed: list[KernelRecord] = []
+        f = _follower(tmp_path, [], resume, replayed)
+        f.adopt(b.fileno())
+        a.send(_record(0))
+        a.send(_record(1))
+        assert [r.seq for r in f.read_some(100)] == [0, 1], resume
+        assert replayed == []
+        assert f.records_lost == 0
+        a.close()
+        b.close()
 
 
-def test_position_is_saved_atomically_with_mode_0640(tmp_path, pair):
+def test_a_slice_of_replayed_records_only_is_not_the_end(tmp_path, pair):
     a, b = pair
-    f = _follower(tmp_path, [])
+    got: list[KernelRecord] = []
+    replayed: list[KernelRecord] = []
+    f = KmsgFollower(
+        tmp_path / "dev", got.extend, boot_id=BOOT, batch=2,
+        resume=Position(BOOT, 4), on_replay=replayed.extend,
+    )
     f.adopt(b.fileno())
-    a.send(_record(7))
-    f.read_some(10)
-    f.save()
-    path = tmp_path / "state.json"
-    assert json.loads(path.read_text()) == {"boot_id": BOOT, "seq": 7, "cursor": ""}
-    assert stat.S_IMODE(path.stat().st_mode) == 0o640
-    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp file left
-    assert load_position(path) == Position(BOOT, 7)
+    for seq in range(8):
+        a.send(_record(seq))
+    slices = 0
+    while f.read_slice():
+        slices += 1
+    assert [r.seq for r in replayed] == [0, 1, 2, 3, 4]
+    assert [r.seq for r in got] == [5, 6, 7]
+    assert slices == 4  # 0-1 replayed, 2-3 replayed, 4 replayed with 5-6, 7; then nothing
+
+
+def _event(seq: int | None, source: str = "kmsg", text: str = "x") -> Event:
+    fields: dict[str, object] = {"code": 79}
+    if seq is not None:
+        fields[POSITION_FIELD] = {"source": source, "boot_id": BOOT, "seq": seq, "cursor": ""}
+    return Event("kernel.xid", "gpu:0000:fe:00.0", 1.0, fields, text)
+
+
+def test_events_commit_the_position_they_carry_in_one_transaction(tmp_path):
+    with FindingsDB(tmp_path / "findings.db") as db:
+        assert db.load_position("kmsg") is None
+        db.record_events([_event(7, text="a"), _event(9, text="b")]).result(10)
+        assert db.load_position("kmsg") == LogPosition("kmsg", BOOT, 9, "")
+        db.save_position("kmsg", BOOT, 12).result(10)  # records with no event since
+        db.record_events([Event("gpu.xid_event", "gpu:0", 2.0, {"code": 79})]).result(10)
+        assert db.load_position("kmsg") == LogPosition("kmsg", BOOT, 12, "")
+        db.save_position("journal", BOOT, None, "s=abc;i=1").result(10)
+        assert db.load_position("journal") == LogPosition("journal", BOOT, None, "s=abc;i=1")
+        assert [e["text"] for e in db.events(stream="kernel.xid")] == ["a", "b"]
+    # and the file keeps it for the next start
+    with FindingsDB(tmp_path / "findings.db") as db:
+        assert db.load_position("kmsg") == LogPosition("kmsg", BOOT, 12, "")
+
+
+def test_a_failed_write_commits_neither_the_events_nor_their_position(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "findings.db"
+    with FindingsDB(path) as db:
+        db.record_events([_event(3, text="a")]).result(10)
+
+        def refuse(c):
+            # the position is written after the events, in the same transaction
+            c.execute(
+                "CREATE TEMP TRIGGER refuse BEFORE INSERT ON main.positions "
+                "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+            )
+
+        db.call(refuse)
+        db.record_events([_event(4, text="b")]).result(10)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            texts = [r[0] for r in conn.execute("SELECT text FROM events ORDER BY id")]
+            seq = conn.execute("SELECT seq FROM positions WHERE source = 'kmsg'").fetchone()[0]
+        finally:
+            conn.close()
+        assert (texts, seq) == (["a"], 3)  # on disk: neither "b" nor its position
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        "not a mapping",
+        {"source": "", "boot_id": BOOT, "seq": 1},
+        {"source": "kmsg", "boot_id": 5, "seq": 1},
+        {"source": "kmsg", "boot_id": BOOT, "seq": -1},
+        {"source": "kmsg", "boot_id": BOOT, "seq": True},
+        {"source": "kmsg", "boot_id": BOOT, "seq": 2**64},
+    ],
+)
+def test_a_malformed_carried_position_is_not_committed(tmp_path, carried):
+    with FindingsDB(None) as db:
+        ev = Event("kernel.xid", NODE, 1.0, {POSITION_FIELD: carried}, "x")
+        db.record_events([ev]).result(10)
+        assert db.load_position("kmsg") is None
+        assert len(db.events()) == 1  # the event itself is kept
 
 
 @pytest.mark.parametrize(
@@ -132,17 +221,6 @@ def test_bad_saved_position_names_file_and_key(tmp_path, content, message):
     assert str(path) in str(info.value)
 
 
-def test_bad_saved_position_is_logged_and_reading_starts_at_the_end(tmp_path, pair, caplog):
-    a, b = pair
-    (tmp_path / "state.json").write_text("garbage")
-    f = _follower(tmp_path, [])
-    with caplog.at_level(logging.WARNING):
-        f.adopt(b.fileno())
-    assert str(tmp_path / "state.json") in caplog.text
-    a.send(_record(3))
-    assert [r.seq for r in f.read_some(10)] == [3]
-
-
 @pytest.mark.slow
 async def test_burst_of_100000_records_leaves_the_loop_free(tmp_path, pair):
     """Slices of records alternate with other tasks: the loop is never held for the burst."""
@@ -157,7 +235,7 @@ async def test_burst_of_100000_records_leaves_the_loop_free(tmp_path, pair):
         for rec in records:
             events.extend(attributor.events(rec))
 
-    f = KmsgFollower(tmp_path / "dev", tmp_path / "s.json", on_records, boot_id=BOOT)
+    f = KmsgFollower(tmp_path / "dev", on_records, boot_id=BOOT)
     f.adopt(os.dup(b.fileno()))  # the follower closes what it adopts
     f.attach(asyncio.get_running_loop())
     tag = uuid.uuid4().hex
@@ -207,7 +285,7 @@ def test_ring_overrun_on_real_kmsg_is_counted(tmp_path):
     kmsg = Path("/dev/kmsg")
     if not os.access(kmsg, os.R_OK | os.W_OK):
         pytest.skip(f"{kmsg} not readable and writable here")
-    f = KmsgFollower(kmsg, tmp_path / "s.json", lambda r: None)
+    f = KmsgFollower(kmsg, lambda r: None)
     f.open()
     # position the reader at the oldest record, then write until it has been overwritten
     os.lseek(f._fd, 0, os.SEEK_SET)  # type: ignore[arg-type]
@@ -282,3 +360,30 @@ def test_journal_entry_becomes_a_record():
     assert (rec.t, rec.uptime, rec.level, rec.fmt) == (1795969286.0, 5678.9, 3, "journal")
     [ev] = Attributor({"0000:3b:00.0": 1}).events(rec)
     assert (ev.stream, ev.subject, ev.fields["code"]) == ("kernel.xid", "gpu:1", 79)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.none(),
+        st.integers(),
+        st.text(max_size=20),
+        st.dictionaries(
+            st.sampled_from(["source", "boot_id", "seq", "cursor", "other"]),
+            st.one_of(
+                st.none(), st.booleans(), st.integers(-5, 2**70), st.floats(), st.text(max_size=40),
+                st.lists(st.integers(), max_size=3),
+            ),
+            max_size=5,
+        ),
+    )
+)
+def test_any_carried_position_is_read_or_refused_never_raises(carried):
+    ev = Event("kernel.xid", NODE, 1.0, {POSITION_FIELD: carried}, "x")
+    pos = log_position_of(ev)
+    if pos is not None:
+        assert isinstance(pos.source, str)
+        assert pos.source
+        assert isinstance(pos.boot_id, str)
+        assert pos.seq is None or (isinstance(pos.seq, int) and 0 <= pos.seq < 2**63)
+        assert isinstance(pos.cursor, str)

@@ -165,7 +165,8 @@ SIGNALS = [
         "kernel.records_read",
         "counter",
         "count",
-        "Kernel-log records read by moptd since it started.",
+        "Kernel-log records read by moptd since it started (the records of this boot it "
+        "had already handed on before a restart are read again, not counted again).",
         "node",
         "moptd_kernel_records_read_total",
     ),
@@ -173,7 +174,8 @@ SIGNALS = [
         "kernel.records_lost",
         "counter",
         "count",
-        "Kernel-log records overwritten in the ring buffer before moptd read them.",
+        "Kernel-log records overwritten in the ring buffer before moptd read them: while "
+        "it read (EPIPE on /dev/kmsg) and, after a restart, since its committed position.",
         "node",
         "moptd_kernel_records_lost_total",
     ),
@@ -181,8 +183,9 @@ SIGNALS = [
         "gpu.xid_errors",
         "counter",
         "count",
-        "Xid lines per GPU and code since moptd started: a true counter (repeats count, "
-        "it never holds a stale last value).",
+        "Xids per GPU and code since moptd started, from kernel-log lines and NVML Xid "
+        "events: one that both report (the same GPU and code within 10 s) counts once. A "
+        "true counter (repeats count, it never holds a stale last value).",
         "gpu",
         "moptd_xid_errors_total",
         ("xid",),
@@ -192,7 +195,7 @@ SIGNALS = [
         "gpu.xid_last_time",
         "gauge",
         "seconds",
-        "Unix time of the last Xid line seen for the GPU.",
+        "Unix time of the last Xid seen for the GPU (kernel log or NVML event).",
         "gpu",
         "moptd_xid_last_timestamp_seconds",
     ),

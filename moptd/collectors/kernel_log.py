@@ -4,11 +4,21 @@ arrive, and report Xid counters and the follower's own counts on each pass.
 The source is /dev/kmsg (default) or the systemd journal's kernel transport. Records are
 parsed on the loop in slices (see moptd.kernel.kmsg), so a burst of records delays other
 collectors by one slice at most.
+
+Where reading starts: in the daemon (``ctx.positions`` is the findings database), just
+after the committed position, or at the start of this boot when there is none; a
+one-shot command (``explain --offline``, ``doctor``, ``status --offline``) reads the whole
+boot in its one pass and keeps no position. Each event carries the position of the record
+it came from (``fields["log_position"]``); the database commits it with the event, in one
+transaction, so a SIGKILL at any moment neither loses nor repeats an event. Records that
+gave no event move the position on each pass (and at start and stop), queued behind the
+events published before them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Mapping
@@ -19,25 +29,35 @@ from moptd.collector import Collector, CollectorContext, Option, Unavailable
 from moptd.gpu.identities import gpu_identities
 from moptd.kernel.attribution import Attributor
 from moptd.kernel.incidents import IncidentTracker
-from moptd.kernel.journal import JournalFollower
-from moptd.kernel.kmsg import KmsgFollower
+from moptd.kernel.journal import CURSOR, JournalFollower
+from moptd.kernel.kmsg import (
+    POSITION_FIELD,
+    KmsgFollower,
+    Position,
+    StateError,
+    load_position,
+)
 from moptd.kernel.logparse import KernelRecord
 from moptd.kernel.xid import catalog as xid_catalog
-from moptd.observations import NODE, Batch, Event, labels_of
+from moptd.kernel.xid_tally import KERNEL, XidTally
+from moptd.observations import NODE, Batch, Event
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "kernel_log.json"
+# Where moptd before the findings database kept the position; read once, on upgrade.
+LEGACY_STATE_FILE = "kernel_log.json"
 
 
 class _Follower(Protocol):
     records_read: int
     records_lost: int
+    boot_id: str
 
     def open(self) -> None: ...
     def attach(self, loop: asyncio.AbstractEventLoop) -> None: ...
     def close(self) -> None: ...
-    def save(self) -> None: ...
+    def position(self) -> Position: ...
+    def read_slice(self) -> bool: ...
 
 
 class KernelLogCollector(Collector):
@@ -62,24 +82,32 @@ class KernelLogCollector(Collector):
         )
         self.follower: _Follower | None = None
         self._unavailable = ""
-        self._xid_counts: dict[tuple[str, int], int] = {}
-        self._xid_last: dict[str, float] = {}
+        self.xids = ctx.xids if ctx.xids is not None else XidTally()
         self._map_at = -1e18
-        self._save_failing = False
+        self._source = ""
+        self._saved: Position | None = None  # the position last handed to ctx.positions
+        self._legacy = False  # a position file of an earlier moptd is still there
 
     async def start(self) -> None:
         source = str(self.option("source"))
-        state = self.ctx.state_dir / STATE_FILE
         boot_time = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+        if source not in ("kmsg", "journal"):
+            self._unavailable = f"collectors.kernel.source: unknown source {source!r}"
+            raise Unavailable(self._unavailable)
+        self._source = source
+        resume = await self._committed_position(source)
         follower: _Follower
         if source == "kmsg":
             path = Path(str(self.option("kmsg_path")))
-            follower = KmsgFollower(path, state, self._on_records, boot_time=boot_time)
-        elif source == "journal":
-            follower = JournalFollower(state, self._on_records)
+            follower = KmsgFollower(
+                path,
+                self._on_records,
+                boot_time=boot_time,
+                resume=resume,
+                on_replay=self._on_replay,
+            )
         else:
-            self._unavailable = f"collectors.kernel.source: unknown source {source!r}"
-            raise Unavailable(self._unavailable)
+            follower = JournalFollower(self._on_records, resume=resume)
         try:
             await self.blocking(follower.open)
         except (OSError, Unavailable) as exc:
@@ -91,8 +119,53 @@ class KernelLogCollector(Collector):
         # The Xid catalog is YAML, parsed on first use: here, off the loop, rather than in
         # the reader callback when the first Xid arrives (about 100 ms on the loop).
         await self.blocking(xid_catalog)
-        follower.attach(asyncio.get_running_loop())
         self.follower = follower
+        # At once, before any record: a restart a moment from now resumes in this boot.
+        await self._save_position()
+        follower.attach(asyncio.get_running_loop())
+        self.xids.kernel_following = True  # this collector reports the Xid counter now
+
+    async def _committed_position(self, source: str) -> Position | None:
+        """The daemon's committed position (or the legacy file's, once); None in a one-shot
+        command, which reads the whole boot."""
+        positions = self.ctx.positions
+        if positions is None:
+            return None
+        saved = await self.blocking(positions.load_position, source)
+        if saved is not None:
+            self._saved = Position(saved.boot_id, saved.seq, saved.cursor)
+            return self._saved
+        legacy = self.ctx.state_dir / LEGACY_STATE_FILE
+        try:
+            old = await self.blocking(load_position, legacy)
+        except StateError as exc:
+            log.warning("%s; reading the kernel log from the start of this boot", exc)
+            old = None
+        self._legacy = old is not None or legacy.exists()
+        return old
+
+    async def _save_position(self) -> None:
+        """Hand the position to ctx.positions when it moved (queued behind every event
+        published so far, so it never commits ahead of them)."""
+        positions, follower = self.ctx.positions, self.follower
+        if positions is None or follower is None:
+            return
+        pos = follower.position()
+        if pos == self._saved:
+            return
+        done = positions.save_position(self._source, pos.boot_id, pos.seq, pos.cursor)
+        self._saved = pos
+        if self._legacy and isinstance(done, concurrent.futures.Future):
+            # the database holds the position now: the old file would only mislead later
+            await asyncio.wrap_future(done)
+            await self.blocking((self.ctx.state_dir / LEGACY_STATE_FILE).unlink, True)
+            self._legacy = False
+
+    def _on_replay(self, records: list[KernelRecord]) -> None:
+        """Records whose events were stored before a restart: they rebuild the parser's
+        state (a message spread over records, the GPU UUIDs, Xid incidents), no more."""
+        for rec in records:
+            self.attributor.events(rec, rec.t or 0.0)
 
     async def _refresh_gpus(self) -> None:
         if time.monotonic() - self._map_at < float(self.option("gpu_map_interval")):
@@ -108,13 +181,21 @@ class KernelLogCollector(Collector):
     def _on_records(self, records: list[KernelRecord]) -> None:
         now = time.time()
         events: list[Event] = []
+        boot_id = self.follower.boot_id if self.follower is not None else ""
         for rec in records:
-            events.extend(self.attributor.events(rec, now))
+            position = {
+                "source": self._source,
+                "boot_id": boot_id,
+                "seq": rec.seq,
+                "cursor": rec.meta.get(CURSOR, ""),
+            }
+            for ev in self.attributor.events(rec, now):
+                fields = {**ev.fields, POSITION_FIELD: position}
+                events.append(Event(ev.stream, ev.subject, ev.t, fields, ev.text))
         for ev in events:
             if ev.stream == "kernel.xid":
-                key = (ev.subject, int(ev.fields["code"]))  # type: ignore[call-overload]
-                self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
-                self._xid_last[ev.subject] = ev.t
+                code = int(ev.fields["code"])  # type: ignore[call-overload]
+                self.xids.add(KERNEL, ev.subject, code, ev.t)
         if events:
             self.ctx.publish(events)
 
@@ -122,36 +203,28 @@ class KernelLogCollector(Collector):
         if self._unavailable or self.follower is None:
             raise Unavailable(self._unavailable or "not started")
         await self._refresh_gpus()
-        try:
-            await self.blocking(self.follower.save)
-        except OSError as exc:
-            # A full or read-only state directory costs the resume position after a restart,
-            # not the kernel log: reading and counting go on, and the save is retried.
-            if not self._save_failing:
-                log.warning("cannot save the kernel-log position (retrying each pass): %s", exc)
-            self._save_failing = True
+        if self.ctx.positions is None:
+            # a one-shot pass: the whole boot, now, in slices with the loop free between
+            follower, more = self.follower, True
+            while more:
+                more = follower.read_slice()
+                await asyncio.sleep(0)
         else:
-            if self._save_failing:
-                log.info("kernel-log position saved again")
-            self._save_failing = False
+            await self._save_position()
         b = Batch()
         b.add("kernel.records_read", NODE, float(self.follower.records_read))
         b.add("kernel.records_lost", NODE, float(self.follower.records_lost))
-        for (subject, code), n in sorted(self._xid_counts.items()):
-            b.add("gpu.xid_errors", subject, float(n), labels_of(xid=str(code)))
-        for subject, t in self._xid_last.items():
-            b.add("gpu.xid_last_time", subject, t)
+        self.xids.report(b)  # the kernel log's Xids and NVML's, each once
+        for subject in {s.subject for s in b.samples if s.signal == "gpu.xid_last_time"}:
             uuid = self.attributor.uuid_for(subject.split(":", 1)[1])
             if uuid and subject.count(":") > 1:  # a gpu:<bus> subject NVML does not describe
                 b.describe(subject, uuid=uuid)
         return b
 
     async def stop(self) -> None:
-        follower, self.follower = self.follower, None
-        if follower is not None:
-            follower.close()
-            try:
-                await self.blocking(follower.save)
-            except Exception as exc:  # noqa: BLE001 - shutting down: say so and go on
-                log.warning("could not save the kernel-log position: %s", exc)
+        if self.follower is not None:
+            self.xids.kernel_following = False
+            self.follower.close()
+            await self._save_position()
+            self.follower = None
         await super().stop()

@@ -48,6 +48,7 @@ from moptd.gpu.readings import (
     merge_costly,
 )
 from moptd.gpu.recorded import RecordedBackend
+from moptd.kernel.xid_tally import NVML, XidTally
 from moptd.observations import Batch, Event, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
 from moptd.worker import Worker
@@ -179,6 +180,7 @@ class NvmlCollector(Collector):
         self._procs: dict[int, ProcessInfo | None] = {}
         self._procs_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
+        self.xids = ctx.xids if ctx.xids is not None else XidTally()
         self._stopping = threading.Event()
         self._shared: Worker | None = None  # reads every GPU that has not hung
         # Read once: collect() runs every second, cold, so each lookup it skips counts.
@@ -315,6 +317,8 @@ class NvmlCollector(Collector):
         if self._slow_taken:
             self._drop_departed_processes()
             self._slow_taken = False
+        if not self.xids.kernel_following:
+            self.xids.report(batch)  # else the kernel collector reports the shared counter
         return batch
 
     def _start(
@@ -590,4 +594,8 @@ class NvmlCollector(Collector):
                 return
 
     def _publish(self, events: list[Event]) -> None:
+        # into the shared Xid counter too: where the kernel log is closed to moptd, NVML
+        # is the only source of moptd_xid_errors_total
+        for ev in events:
+            self.xids.add(NVML, ev.subject, int(ev.fields["code"]), ev.t)  # type: ignore[call-overload]
         self.ctx.publish(events)

@@ -28,6 +28,7 @@ from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
 from moptd.findings.service import Diagnosis
+from moptd.kernel.xid_tally import XidTally
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]]:
     known = registry()
     out: dict[str, tuple[Collector, float, float]] = {}
+    xids = XidTally()  # one for the kernel-log and NVML collectors: an Xid counts once
     for name, cc in config.collectors.items():
         if not cc.enabled or name not in known:
             continue
@@ -45,6 +47,7 @@ def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]
             sysfs=config.sysfs,
             state_dir=config.state_dir,
             global_options={"watch_paths": config.watch_paths},
+            xids=xids,
         )
         out[name] = (known[name](ctx), cc.interval, cc.timeout)
     return out
@@ -92,12 +95,15 @@ class Daemon:
             config, _serving_collector(self.runtime), self.runtime.publish
         )
         self.rules = RuleService(self.store, self.clock, config.rule_paths)
+        db = FindingsDB(config.state_dir / FILE_NAME)
+        for collector, _, _ in self.runtime.collectors.values():
+            collector.ctx.positions = db  # the kernel log's place, committed with its events
         # Ticks the rules (every rule_interval, and at once when an event arrives), keeps
         # every transition and event in state_dir/findings.db, feeds /v1/events.
         self.diagnosis = Diagnosis(
             self.store,
             self.rules,
-            FindingsDB(config.state_dir / FILE_NAME),
+            db,
             interval=config.rule_interval,
             before_tick=self._set_missing,
         )

@@ -2,7 +2,11 @@
 
 One *finding* row per incident of a (rule, subject) pair, from its first pending step until
 it resolves (or goes inactive), with the finding's latest decision path, evidence and
-actions; one *transition* row per state change; one *event* row per kernel/NVML event.
+actions; one *transition* row per state change; one *event* row per kernel/NVML event;
+one *position* row per followed log (the kernel log's boot id and sequence number, or the
+journal's cursor), written in the same transaction as the events it covers (an event
+carries its record's position in ``fields["log_position"]``), so that after a SIGKILL the
+log is read again from exactly where the stored events end.
 
 Every statement runs on one dedicated thread: the event loop only queues work, and a slow
 or full disk never stalls collection. Each transition is its own transaction, so a
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from moptd.kernel.kmsg import POSITION_FIELD
 from moptd.observations import Event
 
 log = logging.getLogger(__name__)
@@ -80,9 +85,20 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_t ON events(t);
     CREATE INDEX events_stream ON events(stream, t);
     """,
+    """
+    CREATE TABLE positions (
+        id INTEGER PRIMARY KEY,
+        source TEXT NOT NULL UNIQUE,
+        boot_id TEXT NOT NULL DEFAULT '',
+        seq INTEGER,
+        cursor TEXT NOT NULL DEFAULT '',
+        updated_at REAL NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
-TABLES = ("findings", "transitions", "events")  # parents first
+TABLES = ("findings", "transitions", "events", "positions")  # parents first
+
 
 # While in memory after a failed write, the file is tried again after RETRY_FIRST seconds,
 # then twice as long after each failure, up to RETRY_MAX. A full disk is usually freed by a
@@ -91,6 +107,33 @@ TABLES = ("findings", "transitions", "events")  # parents first
 # more than a few times an hour.
 RETRY_FIRST = 10.0
 RETRY_MAX = 300.0
+
+
+SQLITE_INT_MAX = 2**63 - 1  # a larger seq cannot be stored (a kernel's never is)
+
+
+@dataclass(frozen=True, slots=True)
+class LogPosition:
+    source: str  # kmsg | journal
+    boot_id: str
+    seq: int | None  # the last kmsg record covered; None: none of this boot yet
+    cursor: str = ""  # the journal entry last covered
+
+
+def log_position_of(ev: Event) -> LogPosition | None:
+    """The position an event carries (see POSITION_FIELD); None when it carries none or
+    one that is malformed (then the log is read again from the last good one)."""
+    raw = ev.fields.get(POSITION_FIELD)
+    if not isinstance(raw, Mapping):
+        return None
+    source, boot_id, seq, cursor = (raw.get(k) for k in ("source", "boot_id", "seq", "cursor"))
+    if not isinstance(source, str) or not source or not isinstance(boot_id, str):
+        return None
+    if seq is not None and (
+        not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= SQLITE_INT_MAX
+    ):
+        return None
+    return LogPosition(source, boot_id, seq, cursor if isinstance(cursor, str) else "")
 
 
 class SchemaTooNew(Exception):
@@ -474,8 +517,35 @@ class FindingsDB:
         return self.submit(lambda _c: self._write(lambda c: _insert_transition(c, rec)))
 
     def record_events(self, events: Iterable[Event]) -> concurrent.futures.Future[None]:
-        rows = [(ev.t, ev.stream, ev.subject, ev.text, _json(dict(ev.fields))) for ev in events]
-        return self.submit(lambda _c: self._write(lambda c: _insert_events(c, rows)))
+        """The events, and the position of every log they came from, in one transaction."""
+        rows = []
+        positions: dict[str, LogPosition] = {}
+        for ev in events:
+            rows.append((ev.t, ev.stream, ev.subject, ev.text, _json(dict(ev.fields))))
+            pos = log_position_of(ev)
+            if pos is not None:
+                positions[pos.source] = pos
+        now = time.time()
+
+        def write(c: sqlite3.Connection) -> None:
+            _insert_events(c, rows)
+            for pos in positions.values():
+                _upsert_position(c, pos, now)
+
+        return self.submit(lambda _c: self._write(write))
+
+    def save_position(
+        self, source: str, boot_id: str, seq: int | None, cursor: str = ""
+    ) -> concurrent.futures.Future[None]:
+        """A log's position alone (at start, and when records brought no event). Queued
+        after every write asked for before it, so it never runs ahead of their events."""
+        pos = LogPosition(source, boot_id, seq, cursor)
+        now = time.time()
+        return self.submit(lambda _c: self._write(lambda c: _upsert_position(c, pos, now)))
+
+    def load_position(self, source: str) -> LogPosition | None:
+        """The committed position of a log (blocking); None when none was committed."""
+        return self.call(lambda c: _select_position(c, source))
 
     def prune(self, now: float | None = None) -> concurrent.futures.Future[dict[str, int]]:
         t = time.time() if now is None else now
@@ -701,6 +771,24 @@ def _insert_events(c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     c.executemany(
         "INSERT INTO events (t, stream, subject, text, fields) VALUES (?, ?, ?, ?, ?)", rows
     )
+
+
+def _upsert_position(c: sqlite3.Connection, pos: LogPosition, now: float) -> None:
+    c.execute(
+        "INSERT INTO positions (source, boot_id, seq, cursor, updated_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT(source) DO UPDATE SET boot_id = excluded.boot_id, seq = excluded.seq, "
+        "cursor = excluded.cursor, updated_at = excluded.updated_at",
+        (pos.source, pos.boot_id, pos.seq, pos.cursor, now),
+    )
+
+
+def _select_position(c: sqlite3.Connection, source: str) -> LogPosition | None:
+    row = c.execute(
+        "SELECT boot_id, seq, cursor FROM positions WHERE source = ?", (source,)
+    ).fetchone()
+    if row is None:
+        return None
+    return LogPosition(source, str(row["boot_id"]), row["seq"], str(row["cursor"]))
 
 
 def _finding(row: sqlite3.Row) -> dict[str, Any]:

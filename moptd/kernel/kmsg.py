@@ -1,4 +1,4 @@
-"""Follow /dev/kmsg without blocking the event loop, and remember where we stopped.
+"""Follow /dev/kmsg without blocking the event loop, from where the committed position says.
 
 Each read(2) of /dev/kmsg returns exactly one record. The descriptor is non-blocking and
 watched with ``loop.add_reader``, so a burst is drained in slices of ``batch`` records and
@@ -6,10 +6,16 @@ other tasks run between slices. A read failing with EPIPE means the ring buffer 
 records before we read them: the kernel moves us to the oldest record still there, and
 the gap in sequence numbers is the number lost.
 
-The position ``{boot_id, seq}`` is saved in the state directory (atomically, mode 0640).
-On start: no saved position -> the end of the ring (old records are not news); the same
-boot -> just after the saved record; another boot -> the start of the ring, since nothing
-of this boot has been reported yet.
+Reading always starts at the oldest record of the ring, which holds only this boot's
+records. With a position ``{boot_id, seq}`` of this boot (the daemon keeps it in the
+findings database, committed in the same transaction as the events it covers), the
+records up to ``seq`` are *replayed*: handed to ``on_replay``, so that the parser state
+they built (a multi-line message, the GPU UUIDs, the incident of an Xid) is there again,
+and not to ``on_records``, since their events are stored already. Without one (a first
+start, another boot, a one-shot command) every record of the ring is new.
+
+The JSON file of earlier versions (``load_position``) is read once, when the database has
+no position yet, so an upgrade neither repeats nor misses what the old daemon stored.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ log = logging.getLogger(__name__)
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 RECORD_MAX = 8192  # a kmsg record (text plus dictionary) fits; a shorter buffer gets EINVAL
+# The event field naming the record an event came from ({"source", "boot_id", "seq",
+# "cursor"}); the findings database commits it as the log's position with the event.
+POSITION_FIELD = "log_position"
 
 
 class StateError(ValueError):
@@ -73,63 +82,45 @@ def load_position(path: Path) -> Position | None:
     return Position(data.get("boot_id", ""), seq, cursor)
 
 
-def save_position(path: Path, pos: Position) -> None:
-    """Write-then-rename so a crash leaves the old or the new position, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps({"boot_id": pos.boot_id, "seq": pos.seq, "cursor": pos.cursor})
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
 class KmsgFollower:
     """Reads records from a kmsg device and hands them to ``on_records`` in batches."""
 
     def __init__(
         self,
         path: Path,
-        state_file: Path,
         on_records: Callable[[list[KernelRecord]], None],
         boot_id: str = "",
         boot_time: float | None = None,
         batch: int = 512,
+        resume: Position | None = None,
+        on_replay: Callable[[list[KernelRecord]], None] | None = None,
     ) -> None:
         self.path = path
-        self.state_file = state_file
         self.on_records = on_records
+        self.on_replay = on_replay
         self.boot_id = boot_id or read_boot_id()
         self.boot_time = boot_time
         self.batch = batch
-        self.records_read = 0
+        self.records_read = 0  # new records handed on (replayed ones are not counted)
         self.records_lost = 0
         self.overruns = 0
         self.last_seq: int | None = None
-        self._skip_through: int | None = None  # resume: drop records up to this seq
+        # records up to this seq were handed on before a restart: replayed, not new
+        self.replay_through: int | None = None
+        if resume is not None and resume.boot_id == self.boot_id and resume.seq is not None:
+            self.replay_through = resume.seq
+            self.last_seq = resume.seq  # a gap after it was lost while moptd was down
         self._fd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._dirty = False
+        self._replayed_last = 0  # records replayed by the last read_some
 
     # --- lifecycle ---------------------------------------------------------------
     def open(self) -> None:
-        """Open and position the device (blocking: call it off the loop).
+        """Open the device at its oldest record (blocking: call it off the loop).
         Raises OSError when the device cannot be read (not root, sandboxed)."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            start = self._start_from_saved()
-            if start == "end":
-                os.lseek(fd, 0, os.SEEK_END)
-            else:
-                os.lseek(fd, 0, os.SEEK_SET)
+            os.lseek(fd, 0, os.SEEK_SET)
         except OSError:
             os.close(fd)
             raise
@@ -137,24 +128,8 @@ class KmsgFollower:
 
     def adopt(self, fd: int) -> None:
         """Follow an already open, non-blocking source of one record per read (a
-        SOCK_SEQPACKET socket in tests); the saved position still applies."""
-        self._start_from_saved()
+        SOCK_SEQPACKET socket in tests); the resume position still applies."""
         self._fd = fd
-
-    def _start_from_saved(self) -> str:
-        """Where to start: "end", "resume" (skip through the saved seq) or "start"."""
-        saved: Position | None = None
-        try:
-            saved = load_position(self.state_file)
-        except StateError as exc:
-            log.warning("%s; starting at the end of the kernel log", exc)
-        if saved is not None and saved.boot_id == self.boot_id and saved.seq is not None:
-            self._skip_through = saved.seq
-            self.last_seq = saved.seq
-            return "resume"
-        if saved is not None and saved.boot_id and saved.boot_id != self.boot_id:
-            return "start"
-        return "end"
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._fd is None:
@@ -171,14 +146,20 @@ class KmsgFollower:
         os.close(self._fd)
         self._fd = None
 
+    def position(self) -> Position:
+        """Where the records handed on so far end (the replayed ones included)."""
+        return Position(self.boot_id, self.last_seq)
+
     # --- reading -----------------------------------------------------------------
     def read_some(self, limit: int) -> list[KernelRecord]:
-        """Up to ``limit`` records that are ready now; [] when none are."""
+        """Up to ``limit`` new records that are ready now; [] when none are. Replayed
+        records read on the way go to ``on_replay`` and do not count against ``limit``."""
         out: list[KernelRecord] = []
+        replayed: list[KernelRecord] = []
         fd = self._fd
         if fd is None:
             return out
-        while len(out) < limit:
+        while len(out) < limit and len(replayed) < limit:
             try:
                 data = os.read(fd, RECORD_MAX)
             except BlockingIOError:
@@ -195,18 +176,28 @@ class KmsgFollower:
                 break
             rec = parse_raw_record(data.decode("utf-8", "replace"), self.boot_time)
             if rec.seq is not None:
-                if self._skip_through is not None:
-                    if rec.seq <= self._skip_through:
+                if self.replay_through is not None:
+                    if rec.seq <= self.replay_through:
+                        replayed.append(rec)
                         continue
-                    self._skip_through = None
+                    self.replay_through = None
                 if self.last_seq is not None and rec.seq > self.last_seq + 1:
                     self.records_lost += rec.seq - self.last_seq - 1
                 self.last_seq = rec.seq
             self.records_read += 1
             out.append(rec)
-        if out:
-            self._dirty = True
+        self._replayed_last = len(replayed)
+        if replayed and self.on_replay is not None:
+            self.on_replay(replayed)
         return out
+
+    def read_slice(self) -> bool:
+        """Hand on one slice of what is ready now; False when nothing was (a one-shot
+        command reads the backlog this way, the loop free between slices)."""
+        records = self.read_some(self.batch)
+        if records:
+            self.on_records(records)
+        return bool(records) or self._replayed_last > 0
 
     def drain(self) -> None:
         """The loop's reader callback: one slice, then back to the loop."""
@@ -218,10 +209,3 @@ class KmsgFollower:
             return
         if records:
             self.on_records(records)
-
-    def save(self) -> None:
-        """Persist the position if it moved (blocking: call it off the loop)."""
-        if not self._dirty:
-            return
-        save_position(self.state_file, Position(self.boot_id, self.last_seq))
-        self._dirty = False  # only once saved: a failed save (a full disk) is tried again
