@@ -9,10 +9,10 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 from aiohttp import web
 
+from moptd import safefs
 from moptd.clock import SystemClock
 from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
@@ -59,11 +59,6 @@ def make_runtime(config: Config, store: SignalStore) -> CollectorRuntime:
     for collector, _, _ in collectors.values():
         collector.ctx.publish = runtime.publish
     return runtime
-
-
-def ensure_dir(path: Path, mode: int) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, mode)  # explicit, whatever the umask
 
 
 # Signal namespaces each collector provides; while a collector is unavailable or failing,
@@ -144,7 +139,9 @@ class Daemon:
                 len(self.rules.errors),
             )
         try:
-            ensure_dir(self.config.state_dir, 0o750)
+            safefs.ensure_private_dir(self.config.state_dir, 0o750)
+            if not os.access(self.config.state_dir, os.W_OK):
+                raise OSError(30, "not writable (a read-only file system?)")
         except OSError as exc:
             # A read-only remount (ext4 errors=remount-ro) or a file where the directory
             # should be: exactly when a monitor is needed. Serve anyway; the findings
@@ -220,17 +217,22 @@ class Daemon:
         await api.setup()
         self._runners.append(api)
         sock = cfg.api_socket
-        ensure_dir(sock.parent, 0o755 if sock.parent != cfg.state_dir else 0o750)
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
-        await CappedSite(api, api_app[CAP], path=str(sock)).start()
-        os.chmod(sock, cfg.api_socket_mode)
-        if cfg.api_group:
-            try:
-                os.chown(sock, -1, grp.getgrnam(cfg.api_group).gr_gid)
-            except (KeyError, PermissionError) as exc:
-                log.warning("cannot give %s to group %s: %s", sock, cfg.api_group, exc)
-        log.info("API listening on %s", sock)
+        try:
+            safefs.ensure_dir(sock.parent, 0o755 if sock.parent != cfg.state_dir else 0o750)
+            safefs.remove_stale_socket(sock)
+        except OSError as exc:
+            # never delete or re-mode what is not moptd's: the socket API stays off, the
+            # rest (the exporter, a TCP API) serves
+            log.error("API socket not started: %s", exc)
+        else:
+            await CappedSite(api, api_app[CAP], path=str(sock)).start()
+            os.chmod(sock, cfg.api_socket_mode)
+            if cfg.api_group:
+                try:
+                    os.chown(sock, -1, grp.getgrnam(cfg.api_group).gr_gid)
+                except (KeyError, PermissionError) as exc:
+                    log.warning("cannot give %s to group %s: %s", sock, cfg.api_group, exc)
+            log.info("API listening on %s", sock)
         if cfg.api_listen:
             host, port = split_listen(cfg.api_listen)
             # a budget of its own: a crowd on the port must not take the socket's room

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from moptd import safefs
 from moptd.kernel.kmsg import POSITION_FIELD
 from moptd.observations import Event
 
@@ -333,12 +334,10 @@ class FindingsDB:
             self._conn = self._memory()
 
     def _open_file(self, path: Path) -> sqlite3.Connection:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            # create with the stated mode, whatever the umask
-            fd = os.open(path, os.O_CREAT | os.O_WRONLY, self.file_mode)
-            os.close(fd)
-        os.chmod(path, self.file_mode)
+        # a directory others can write could hold their links where SQLite opens by name
+        safefs.ensure_private_dir(path.parent, 0o750)
+        safefs.create_file(path, self.file_mode)  # the stated mode, whatever the umask
+        safefs.set_mode(path, self.file_mode)
         conn = _open(str(path))
         try:
             # only takes effect on a new file, and only before journal_mode writes the header
@@ -357,7 +356,7 @@ class FindingsDB:
         for suffix in ("-wal", "-shm"):
             side = Path(f"{path}{suffix}")
             if side.exists():
-                os.chmod(side, self.file_mode)
+                safefs.set_mode(side, self.file_mode)
         return conn
 
     def _memory(self) -> sqlite3.Connection:

@@ -9,6 +9,7 @@ findings in memory, and /v1/health and the log say why.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import api_get, assert_serving, start_daemon
+from tests.daemon_proc import DaemonProcess
+from tests.faults.conftest import api_get, assert_serving, start_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +71,52 @@ def test_a_file_where_the_state_directory_should_be_is_left_alone(tmp_path):
     log = serves_degraded(tmp_path / "d", state)
     assert state.read_text() == "not a directory\n"
     assert "File exists" in log or "Not a directory" in log
+
+
+# --- paths moptd did not create (issue 18, item 8) ------------------------------------------
+
+
+def test_a_regular_file_at_the_socket_path_is_not_deleted(tmp_path):
+    (tmp_path / "d").mkdir()
+    d = DaemonProcess(tmp_path / "d", {"collectors": {"kernel": {"enabled": False}}})
+    d.socket.write_text("someone's file\n")
+    d.start()
+    try:
+        d.wait_metrics()  # the exporter serves without the socket API
+    finally:
+        assert d.stop() == 0
+    assert d.socket.read_text() == "someone's file\n"
+    assert "exists and is not a socket; not removed" in d.log()
+
+
+def test_a_shared_socket_directory_keeps_its_mode(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a /tmp-like directory: sticky, everyone writes
+    sock = shared / "moptd.sock"
+    (tmp_path / "d").mkdir()
+    d = DaemonProcess(
+        tmp_path / "d", {"api": {"socket": str(sock)}, "collectors": {"kernel": {"enabled": False}}}
+    )
+    d.socket = sock
+    d.start()
+    try:
+        d.wait_metrics()
+        wait_for(sock.is_socket, timeout=10)
+    finally:
+        assert d.stop() == 0
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_a_state_directory_others_can_write_is_not_used(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (state / "findings.db").symlink_to(victim)  # planted by the other user
+    os.chown(state, 65534, 65534)  # nobody's directory, which nobody may write
+    state.chmod(0o777)
+    log = serves_degraded(tmp_path / "d", state)
+    assert victim.read_text() == "precious\n"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o777  # not moptd's to change
+    assert "belongs to uid 65534" in log
