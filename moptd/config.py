@@ -32,7 +32,7 @@ MAX_CONFIG_BYTES = 1 << 20
 MIN_INTERVAL = 0.1  # collectors' and the rules' interval, collectors' timeout
 MAX_INTERVAL = 86400.0
 _INTERVALS = (MIN_INTERVAL, MAX_INTERVAL)
-MIN_RETENTION = 60.0
+MIN_RETENTION = 10.0  # below 10 s no rule window has a history; soak runs keep 30 s
 MAX_RETENTION = 30 * 86400.0
 SIZE_BOUNDS: dict[str, tuple[int, int]] = {
     "max_points": (2, 1_000_000),
@@ -129,7 +129,7 @@ SCHEMA: dict[str, Any] = {
         "retention": (
             (str, int, float),
             "1h",
-            "How long signal history is kept: 1m to 30d.",
+            "How long signal history is kept: 10s to 30d.",
         ),
         "max_points": ((int,), 4096, "Most points kept per series (changes only): 2 to 1000000."),
         "max_events": ((int,), 10000, "Most events kept per event stream: 1 to 1000000."),

@@ -168,7 +168,7 @@ def test_collector_option_checks_name_the_line(text, message):
         ("store:\n  retention: inf\n",
          "moptd.yaml:2: key 'store.retention': duration must be a finite number"),
         ("store:\n  retention: 1s\n",
-         "moptd.yaml:2: key 'store.retention': must be 1m to 30d, not 1 s"),
+         "moptd.yaml:2: key 'store.retention': must be 10s to 30d, not 1 s"),
         ("store:\n  max_points: -1\n",
          "moptd.yaml:2: key 'store.max_points': must be 2 to 1000000, not -1"),
         ("store:\n  max_events: 0\n",
