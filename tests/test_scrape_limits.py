@@ -113,3 +113,31 @@ def test_any_page_gives_samples_within_the_limits_or_a_parse_error(lines, lim):
         for k, v in s.labels:
             assert not lim.label_name_length_limit or len(k) <= lim.label_name_length_limit
             assert not lim.label_value_length_limit or len(v) <= lim.label_value_length_limit
+
+
+def test_a_histogram_with_more_buckets_than_the_limit_refuses_the_page():
+    from moptd.serving.engines import view_from_samples
+    from moptd.serving.engines.prometheus import MAX_BUCKETS
+
+    ttft = "vllm:time_to_first_token_seconds_bucket"
+    widest = max(
+        sum(1 for s in parse(IDLE) if s.name == name)
+        for name in {s.name for s in parse(IDLE) if s.name.endswith("_bucket")}
+    )
+    assert widest < MAX_BUCKETS  # 23 on vLLM's page
+    view_from_samples(parse(IDLE))
+    # le values that rotate (or are NaN, each one a key of its own) within sample_limit
+    extra = "".join(
+        f'{ttft}{{engine="0",le="{1000 + i}.5",model_name="tinyllama"}} 0.0\n'
+        for i in range(MAX_BUCKETS)
+    )
+    with pytest.raises(PromLimitError) as exc:
+        view_from_samples(parse(IDLE + extra, ScrapeLimits()))
+    assert str(exc.value) == (
+        f"vllm:time_to_first_token_seconds has more than {MAX_BUCKETS} buckets (bucket_limit)"
+    )
+    nan = "".join(
+        f'{ttft}{{engine="{i}",le="NaN",model_name="tinyllama"}} 0.0\n' for i in range(MAX_BUCKETS)
+    )
+    with pytest.raises(PromLimitError):
+        view_from_samples(parse(IDLE + nan, ScrapeLimits()))

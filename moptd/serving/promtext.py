@@ -37,6 +37,8 @@ class PromLimitError(PromParseError):
 
     def __init__(self, line: int, limit: str, message: str) -> None:
         super().__init__(line, f"{message} ({limit})")
+        if not line:  # a limit on the page as a whole, found after its lines were read
+            self.args = (f"{message} ({limit})",)
         self.limit = limit
 
 
