@@ -141,17 +141,11 @@ class SignalStore:
         """Record a source's pass. Its snapshot is replaced whole, so subjects that left
         (a GPU that fell off, a process that exited) leave the exporter's view too."""
         now = self.clock.now() if t is None else t
-        refused: list[Sample] | None = None
-        for s in batch.samples:
-            if not self._record(s, now, source):
-                if refused is None:
-                    refused = []
-                refused.append(s)
-        if refused is not None:
+        kept = [s for s in batch.samples if self._record(s, now, source)]
+        if len(kept) != len(batch.samples):
             # the exporter shows what the store holds: a refused series is not exported
             # either, so /metrics stays as bounded as the store
-            gone = {id(s) for s in refused}
-            batch = replace(batch, samples=[s for s in batch.samples if id(s) not in gone])
+            batch = replace(batch, samples=kept)
         self.add_events(batch.events)
         for subject, attrs in batch.attrs.items():
             known = self._attrs.get(subject)
