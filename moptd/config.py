@@ -7,7 +7,9 @@ exists, else the defaults alone. Every error names the file, the line and the ke
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +20,25 @@ import yaml
 from moptd import yamlsafe
 from moptd.collector import Collector, OptionError
 from moptd.diagnose.loader import default_rules_dir
-from moptd.durations import parse_duration
+from moptd.durations import format_duration, parse_duration
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
 # A full configuration with every key is a few KiB; anything near this is not one.
 MAX_CONFIG_BYTES = 1 << 20
+
+
+# Bounds on values: a timer of 1e-9 s spins a core, NaN corrupts the timer heap, a size of
+# -1 or a mode of -1 means nothing sane. Each is documented in docs/configuration.md.
+MIN_INTERVAL = 0.1  # collectors' and the rules' interval, collectors' timeout
+MAX_INTERVAL = 86400.0
+_INTERVALS = (MIN_INTERVAL, MAX_INTERVAL)
+MIN_RETENTION = 10.0  # below 10 s no rule window has a history; soak runs keep 30 s
+MAX_RETENTION = 30 * 86400.0
+SIZE_BOUNDS: dict[str, tuple[int, int]] = {
+    "max_points": (2, 1_000_000),
+    "max_events": (1, 1_000_000),
+    "max_series": (100, 10_000_000),
+}
 
 
 class ConfigError(Exception):
@@ -71,6 +87,7 @@ class Config:
     retention: float
     max_points: int
     max_events: int
+    max_series: int
     procfs: Path
     sysfs: Path
     watch_paths: tuple[Path, ...]
@@ -99,15 +116,29 @@ SCHEMA: dict[str, Any] = {
     },
     "api": {
         "socket": ((str,), lambda: str(default_api_socket()), "Unix socket of the local API."),
-        "socket_mode": ((int,), 0o660, "Permission bits of the API socket."),
+        "socket_mode": (
+            (int,),
+            0o660,
+            "Permission bits of the API socket, 0 to 0o777 (no setuid, setgid or sticky bit).",
+        ),
         "group": ((str, type(None)), None, "Group allowed to call mutating API endpoints."),
         "listen": ((str, type(None)), None, "Optional loopback host:port for the API."),
         "token_file": ((str, type(None)), None, "Token file required by the TCP API."),
     },
     "store": {
-        "retention": ((str, int, float), "1h", "How long signal history is kept."),
-        "max_points": ((int,), 4096, "Most points kept per series (changes only)."),
-        "max_events": ((int,), 10000, "Most events kept per event stream."),
+        "retention": (
+            (str, int, float),
+            "1h",
+            "How long signal history is kept: 10s to 30d.",
+        ),
+        "max_points": ((int,), 4096, "Most points kept per series (changes only): 2 to 1000000."),
+        "max_events": ((int,), 10000, "Most events kept per event stream: 1 to 1000000."),
+        "max_series": (
+            (int,),
+            20000,
+            "Most series one source (a collector) may hold: 100 to 10000000. A series past it "
+            "is dropped and counted in moptd_store_series_dropped_total.",
+        ),
     },
     "paths": {
         "procfs": ((str,), "/proc", "Root of procfs (tests point it elsewhere)."),
@@ -117,7 +148,7 @@ SCHEMA: dict[str, Any] = {
         "paths": ((list, type(None)), None,
                   "Rule files or directories, in order; later ones override earlier rules by "
                   "id. null: the shipped rules, then /etc/moptd/rules.d when it exists."),
-        "interval": ((str, int, float), "1s", "Time between rule evaluations."),
+        "interval": ((str, int, float), "1s", "Time between rule evaluations: 100ms to 1d."),
     },
     "host": {
         "watch_paths": (
@@ -213,8 +244,16 @@ def _apply(schema: Mapping[str, Any], data: Any, path: tuple[str, ...]) -> dict[
 def _collector_schema(cls: type[Collector]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "enabled": (_COLLECTOR_COMMON["enabled"], cls.default_enabled, "Run this collector."),
-        "interval": (_COLLECTOR_COMMON["interval"], cls.default_interval, "Time between runs."),
-        "timeout": (_COLLECTOR_COMMON["timeout"], cls.default_timeout, "Limit for one run."),
+        "interval": (
+            _COLLECTOR_COMMON["interval"],
+            cls.default_interval,
+            "Time between runs: 100ms to 1d.",
+        ),
+        "timeout": (
+            _COLLECTOR_COMMON["timeout"],
+            cls.default_timeout,
+            "Limit for one run: 100ms to 1d.",
+        ),
     }
     for key, opt in cls.options.items():
         types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
@@ -241,11 +280,7 @@ def load_config(path: Path | None, registry: Mapping[str, type[Collector]]) -> C
     source = str(path) if path else "<defaults>"
     text = ""
     if path is not None:
-        try:
-            with path.open("rb") as fh:
-                raw = fh.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raw = read_regular_file(path, MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
         try:
@@ -253,6 +288,39 @@ def load_config(path: Path | None, registry: Mapping[str, type[Collector]]) -> C
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})") from exc
     return parse_config(text, source, registry)
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of a regular file. A FIFO, a device or a directory is refused
+    without blocking: opening a FIFO for reading waits for a writer, and start-up would hang
+    there, deaf to SIGTERM."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{path}: not a regular file ({_file_kind(mode)})")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(max_bytes)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {stat.filemode(mode)}"
 
 
 def parse_config(text: str, source: str, registry: Mapping[str, type[Collector]]) -> Config:
@@ -298,6 +366,35 @@ def _duration(merged: Mapping[str, Any], path: tuple[str, ...]) -> float:
         raise _KeyProblem(path, 0, str(exc)) from exc
 
 
+def _bounded_duration(
+    merged: Mapping[str, Any], path: tuple[str, ...], low: float, high: float
+) -> float:
+    seconds = _duration(merged, path)
+    if not math.isfinite(seconds):
+        raise _KeyProblem(path, 0, f"must be a finite duration, not {seconds!r}")
+    if seconds <= 0:
+        raise _KeyProblem(path, 0, "must be above zero")
+    if not low <= seconds <= high:
+        span = f"{format_duration(low)} to {format_duration(high)}"
+        raise _KeyProblem(path, 0, f"must be {span}, not {seconds:g} s")
+    return seconds
+
+
+def _check_token_file(path: Path) -> None:
+    # stat, never open: a FIFO would block start-up. A missing file is the token loader's
+    # to report (TCP mutations stay off), as before.
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _KeyProblem(("api", "token_file"), 0, f"cannot stat {path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(mode):
+        raise _KeyProblem(
+            ("api", "token_file"), 0, f"{path} is {_file_kind(mode)}, not a regular file"
+        )
+
+
 def _build(
     m: dict[str, Any],
     source: str,
@@ -318,12 +415,8 @@ def _build(
         )
     collectors: dict[str, CollectorConfig] = {}
     for name, section in m["collectors"].items():
-        interval = _duration(m, ("collectors", name, "interval"))
-        timeout = _duration(m, ("collectors", name, "timeout"))
-        if interval <= 0:
-            raise _KeyProblem(("collectors", name, "interval"), 0, "must be above zero")
-        if timeout <= 0:
-            raise _KeyProblem(("collectors", name, "timeout"), 0, "must be above zero")
+        interval = _bounded_duration(m, ("collectors", name, "interval"), *_INTERVALS)
+        timeout = _bounded_duration(m, ("collectors", name, "timeout"), *_INTERVALS)
         options = {k: v for k, v in section.items() if k not in _COLLECTOR_COMMON}
         _check_options(registry[name], name, options)
         collectors[name] = CollectorConfig(section["enabled"], interval, timeout, options)
@@ -331,14 +424,22 @@ def _build(
     if not all(isinstance(p, str) for p in watch):
         raise _KeyProblem(("host", "watch_paths"), 0, "must be a list of paths")
     token = m["api"]["token_file"]
+    if token is not None:
+        _check_token_file(Path(token))
+    mode = m["api"]["socket_mode"]
+    if not 0 <= mode <= 0o777:
+        raise _KeyProblem(("api", "socket_mode"), 0, f"must be 0 to 0o777, not {mode} ({mode:#o})")
+    for key, (low, high) in SIZE_BOUNDS.items():
+        size = m["store"][key]
+        if not low <= size <= high:
+            raise _KeyProblem(("store", key), 0, f"must be {low} to {high}, not {size!r}")
     rule_paths = m["rules"]["paths"]
     if rule_paths is None:
         rule_paths = [str(p) for p in default_rule_paths()]
     elif not all(isinstance(p, str) for p in rule_paths):
         raise _KeyProblem(("rules", "paths"), 0, "must be a list of paths")
-    rule_interval = _duration(m, ("rules", "interval"))
-    if rule_interval <= 0:
-        raise _KeyProblem(("rules", "interval"), 0, "must be above zero")
+    rule_interval = _bounded_duration(m, ("rules", "interval"), *_INTERVALS)
+    retention = _bounded_duration(m, ("store", "retention"), MIN_RETENTION, MAX_RETENTION)
     return Config(
         source=source,
         state_dir=Path(m["state_dir"]).expanduser(),
@@ -349,9 +450,10 @@ def _build(
         api_group=m["api"]["group"],
         api_listen=m["api"]["listen"],
         api_token_file=Path(token) if token else None,
-        retention=_duration(m, ("store", "retention")),
+        retention=retention,
         max_points=m["store"]["max_points"],
         max_events=m["store"]["max_events"],
+        max_series=m["store"]["max_series"],
         procfs=Path(m["paths"]["procfs"]),
         sysfs=Path(m["paths"]["sysfs"]),
         watch_paths=tuple(Path(p) for p in watch),
@@ -375,6 +477,14 @@ def default_rule_paths() -> list[Path]:
 
 def _check_options(cls: type[Collector], name: str, options: Mapping[str, Any]) -> None:
     for key, opt in cls.options.items():
+        value = options[key]
+        # every numeric option is a count, a size or seconds: NaN, inf and <= 0 mean nothing
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            option_path = ("collectors", name, key)
+            if not math.isfinite(value):
+                raise _KeyProblem(option_path, 0, f"must be finite, not {value!r}")
+            if value <= 0:
+                raise _KeyProblem(option_path, 0, f"must be above zero, not {value!r}")
         if opt.check is None:
             continue
         try:

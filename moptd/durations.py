@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -13,6 +14,8 @@ def parse_duration(text: str | int | float) -> float:
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, int | float):
+        if not math.isfinite(text):
+            raise ValueError(f"duration must be a finite number: {text}")
         if text < 0:
             raise ValueError(f"duration must not be negative: {text}")
         return float(text)
@@ -24,6 +27,8 @@ def parse_duration(text: str | int | float) -> float:
     except ValueError:
         pass
     else:
+        if not math.isfinite(value):
+            raise ValueError(f"duration must be a finite number: {s}")
         if value < 0:
             raise ValueError(f"duration must not be negative: {s}")
         return value

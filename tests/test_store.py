@@ -221,3 +221,82 @@ def test_sliding_window_aggregates_agree_with_a_plain_pass(steps, window, max_po
                     assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6 * (1 + abs(want)))
     finally:
         series_module.SLIDING_FROM = old
+
+
+# --- the series cap per source (issue 18, item 4) ---
+
+
+def rotating(n: int, first: int = 0) -> Batch:
+    """One serving pass whose finished_reason values no earlier pass had."""
+    return Batch([
+        Sample("serving.requests_finished", "serving:a", 1.0, (("finished_reason", f"r{i}"),))
+        for i in range(first, first + n)
+    ])
+
+
+def test_a_source_holds_at_most_max_series_and_counts_the_rest():
+    store = SignalStore(VirtualClock(0), max_series=100)
+    store.ingest("serving", rotating(60), t=0)
+    store.ingest("serving", rotating(60, first=60), t=1)
+    assert store.stats()["series"] == 100
+    assert store.series_dropped == {"serving": 20}
+    assert store.stats()["series_dropped"] == 20
+    # a series it holds still takes new points
+    r0 = (("finished_reason", "r0"),)
+    store.ingest("serving", Batch([Sample("serving.requests_finished", "serving:a", 2.0, r0)]), t=2)
+    assert store.latest("serving.requests_finished", "serving:a", r0) == 2.0
+    assert store.series_dropped == {"serving": 20}
+
+
+def test_the_cap_is_per_source():
+    store = SignalStore(VirtualClock(0), max_series=100)
+    store.ingest("serving", rotating(500), t=0)
+    store.ingest("nvml", Batch([Sample("gpu.util", f"gpu:{i}", 0.5) for i in range(8)]), t=0)
+    assert store.series_dropped == {"serving": 400}
+    assert all(store.series("gpu.util", f"gpu:{i}") is not None for i in range(8))
+
+
+def test_text_series_count_against_the_cap_too():
+    store = SignalStore(VirtualClock(0), max_series=100)
+    store.ingest("x", Batch([Sample("gpu.info", f"gpu:{i}", f"name{i}") for i in range(150)]))
+    assert store.stats()["text_series"] == 100
+    assert store.series_dropped == {"x": 50}
+
+
+def test_a_refused_series_is_not_exported_either():
+    store = SignalStore(VirtualClock(0), max_series=100)
+    store.ingest("serving", rotating(150), t=0)
+    exported = store.snapshot().samples
+    assert len(exported) == 100
+    assert all(store.series(s.signal, s.subject, s.labels) is not None for s in exported)
+
+
+def test_series_that_expire_give_their_slot_back():
+    clock = VirtualClock(0)
+    store = SignalStore(clock, retention=60, max_series=100)
+    store.ingest("serving", rotating(100), t=0)
+    store.evict(100)  # all 100 are older than the retention
+    assert store.stats()["series"] == 0
+    store.ingest("serving", rotating(100, first=100), t=100)
+    assert store.stats()["series"] == 100
+    assert store.series_dropped == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 300), st.booleans()), max_size=60))
+def test_no_source_ever_holds_more_than_max_series(passes):
+    # (source, label value, evict first) in any order: the count per source never passes
+    # the cap, and what the store holds plus what it refused is what was offered
+    store = SignalStore(VirtualClock(0), retention=10, max_series=100)
+    t = 0.0
+    for source, value, evict in passes:
+        t += 1
+        if evict:
+            store.evict(t)
+        store.ingest(f"s{source}", rotating(5, first=value), t=t)
+        held: dict[str, int] = {}
+        for key, owner in store._owner.items():
+            held[owner] = held.get(owner, 0) + 1
+            assert key in store._series or key in store._text
+        assert all(n <= 100 for n in held.values())
+        assert held == {k: v for k, v in store._held.items() if v}

@@ -93,6 +93,26 @@ SIGNALS = [
         labels=("rule",),
     ),
     SignalSpec(
+        "store.series_dropped",
+        "counter",
+        "count",
+        "New series a source (a collector) brought past store.max_series since moptd "
+        "started: not kept, not exported, not seen by rules. A rise means a label whose "
+        "values keep changing (a hostile or broken serving endpoint).",
+        "collector",
+        "moptd_store_series_dropped_total",
+    ),
+    SignalSpec(
+        "serving.scrapes_over_limit",
+        "counter",
+        "count",
+        "Scrapes of the endpoint refused whole because the page broke a scrape limit "
+        "(sample_limit, label_limit, label_name_length_limit, label_value_length_limit); "
+        "serving.up is 0 and the scrape error names the limit.",
+        "serving",
+        "moptd_serving_scrapes_over_limit_total",
+    ),
+    SignalSpec(
         "node.build",
         "info",
         "",

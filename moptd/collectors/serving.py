@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -36,7 +38,7 @@ from moptd.serving.engines import ENGINES, EngineView, add_running_totals, read_
 from moptd.serving.http import FetchError, new_session, request
 from moptd.serving.logsource import LogFollower, fill_log_state
 from moptd.serving.probes import ProbeResult, probe_generate, probe_health, probe_models
-from moptd.serving.promtext import PromParseError
+from moptd.serving.promtext import PromLimitError, PromParseError, ScrapeLimits
 from moptd.serving.signals import HistogramWindow, fill_view
 from moptd.serving.spec import (
     Endpoint,
@@ -52,6 +54,7 @@ from moptd.serving.spec import (
 class _EndpointState:
     window: HistogramWindow | None = None
     failures: int = 0
+    over_limit: int = 0  # scrapes refused for a scrape limit
     running_totals: dict[str, float] = field(default_factory=dict)  # an engine's per-read counts
     model: str = ""
     generate: ProbeResult | None = None
@@ -111,6 +114,30 @@ def _check(parse: Callable[[Any, str], object]) -> Callable[[Any], None]:
     return check
 
 
+_LIMITS = ScrapeLimits()  # the defaults
+
+
+def _check_endpoints(value: Any) -> None:
+    _check(parse_endpoints)(value)
+    for i, ep in enumerate(parse_endpoints(value, "")):
+        host = urlsplit(ep.url).hostname or ""
+        if not _is_loopback(host):
+            # the trust model (docs/security.md): pages and probe answers come from this
+            # host's own engines; another host's would be input from the network
+            raise OptionError(
+                f"[{i}].url", f"must be a loopback URL (127.0.0.1, ::1, localhost), not {ep.url!r}"
+            )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ServingCollector(Collector):
     name = "serving"
     default_interval = 5.0
@@ -121,7 +148,7 @@ class ServingCollector(Collector):
             [],
             "Serving endpoints to scrape and probe: a list of {name, url, engine "
             f"({', '.join(ENGINES)}), probes (health, models, generate), model, metrics_path}}.",
-            check=_check(parse_endpoints),
+            check=_check_endpoints,
         ),
         "managed": Option(
             dict,
@@ -135,6 +162,18 @@ class ServingCollector(Collector):
         "scrape_timeout": Option((int, float), 3.0, "Seconds for one /metrics scrape."),
         "max_response_bytes": Option(int, 8 << 20, "Largest /metrics body accepted."),
         "quantile_window": Option((int, float, str), "5m", "Window of the latency quantiles."),
+        # Prometheus's scrape limits: a page past one fails its scrape (serving.up 0) and
+        # counts in moptd_serving_scrapes_over_limit_total.
+        "sample_limit": Option(
+            int, _LIMITS.sample_limit, "Most samples one /metrics page may hold."
+        ),
+        "label_limit": Option(int, _LIMITS.label_limit, "Most labels one sample may carry."),
+        "label_name_length_limit": Option(
+            int, _LIMITS.label_name_length_limit, "Longest label name, in characters."
+        ),
+        "label_value_length_limit": Option(
+            int, _LIMITS.label_value_length_limit, "Longest label value, in characters."
+        ),
     }
 
     def __init__(self, ctx: CollectorContext) -> None:
@@ -147,6 +186,7 @@ class ServingCollector(Collector):
         self._cpu = proctree.BusiestCpu()
         self._model_files: tuple[float, gates.ModelFiles | None] = (0.0, None)
         self._followers: list[LogFollower] = []
+        self._limits = ScrapeLimits()
 
     def _publish(self, events: list[Event]) -> None:
         self.ctx.publish(events)
@@ -172,6 +212,7 @@ class ServingCollector(Collector):
                 self._followers.append(follower)
         if self.managed is not None:
             self.endpoints.append(self.managed.endpoint())
+        self._limits = ScrapeLimits(*(int(self.option(key)) for key in ScrapeLimits._fields))
 
     async def stop(self) -> None:
         for st in self._state.values():
@@ -234,12 +275,14 @@ class ServingCollector(Collector):
         s = f"serving:{ep.name}"
         st = self._state.setdefault(ep.name, _EndpointState())
         assert self._session is not None
-        view, error, seconds = await self._scrape(ep)
+        view, error, seconds, over_limit = await self._scrape(ep)
         if view is None:
             st.failures += 1
+        st.over_limit += over_limit
         b.add("serving.up", s, 0.0 if view is None else 1.0)
         b.add("serving.scrape_duration", s, seconds)
         b.add("serving.scrape_failures", s, float(st.failures))
+        b.add("serving.scrapes_over_limit", s, float(st.over_limit))
         b.describe(s, endpoint=ep.url, engine=ep.engine, scrape_error=error)
         if view is not None:
             add_running_totals(ep.engine, view, st.running_totals)
@@ -255,7 +298,9 @@ class ServingCollector(Collector):
         )
         return b
 
-    async def _scrape(self, ep: Endpoint) -> tuple[EngineView | None, str, float]:
+    async def _scrape(self, ep: Endpoint) -> tuple[EngineView | None, str, float, bool]:
+        """The page's view, or None with the error; the seconds it took; whether a scrape
+        limit refused it."""
         assert self._session is not None
         t0 = time.monotonic()
         limit = float(self.option("scrape_timeout"))
@@ -275,11 +320,12 @@ class ServingCollector(Collector):
                 raise FetchError(f"{ep.url}{ep.metrics_path}: empty body")
             # A valid page near the size cap takes a second to parse: off the event loop,
             # so the daemon's own /metrics and API answer meanwhile.
-            view = await asyncio.to_thread(_engine_view, ep, r.body)
+            view = await asyncio.to_thread(_engine_view, ep, r.body, self._limits)
         except (FetchError, PromParseError, ValueError) as exc:
             # UnicodeDecodeError and JSON errors are ValueErrors too
-            return None, str(exc)[:300], time.monotonic() - t0
-        return view, "", time.monotonic() - t0
+            over = isinstance(exc, PromLimitError)
+            return None, str(exc)[:300], time.monotonic() - t0, over
+        return view, "", time.monotonic() - t0, False
 
     def _fill(self, b: Batch, s: str, st: _EndpointState, view: EngineView, now: float) -> None:
         if view.model:
@@ -325,8 +371,8 @@ class ServingCollector(Collector):
                 b.describe(s, **{f"probe_{r.probe}_error": r.detail[:300]})
 
 
-def _engine_view(ep: Endpoint, body: bytes) -> EngineView:
-    return read_page(ep.engine, ep.metrics_path, body)
+def _engine_view(ep: Endpoint, body: bytes, limits: ScrapeLimits) -> EngineView:
+    return read_page(ep.engine, ep.metrics_path, body, limits)
 
 
 def _scan(path: Path) -> gates.ModelFiles | None:

@@ -83,6 +83,7 @@ class Daemon:
             retention=config.retention,
             max_points=config.max_points,
             max_events=config.max_events,
+            max_series=config.max_series,
         )
         self.runtime = make_runtime(config, self.store)
         # Built here, started only by run(): the serving collector just watches it.

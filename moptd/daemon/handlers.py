@@ -4,6 +4,8 @@ answer (findings through moptd.findings.queries, which owns every query)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from typing import Any
 
@@ -12,7 +14,6 @@ from aiohttp import web
 from moptd.daemon.auth import authorise_mutation
 from moptd.daemon.http import (
     ApiError,
-    dumps,
     limit_param,
     parse_since,
     query_params,
@@ -20,13 +21,39 @@ from moptd.daemon.http import (
 )
 from moptd.daemon.managed import ManagedProcess
 from moptd.daemon.runtime import CollectorRuntime
-from moptd.daemon.views import gpus_view, rules_view, snapshot_view, status_view
+from moptd.daemon.views import (
+    gpus_view,
+    rules_view,
+    snapshot_value,
+    snapshot_view,
+    status_view,
+)
 from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.findings import queries
 from moptd.findings.service import Diagnosis
 from moptd.store import SignalStore
 
 SSE_HEARTBEAT = 15.0
+
+def dumps(obj: Any) -> str:
+    """Strict JSON (RFC 8259): Python's json writes NaN and Infinity bare, which no strict
+    parser reads. A non-finite number left in an answer (an evidence value, say) becomes
+    the string snapshot_value gives it; the views already turn the ones they know."""
+    try:
+        return json.dumps(obj, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), default=str, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else snapshot_value(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
 
 RUNTIME = web.AppKey("runtime", CollectorRuntime)
 STORE = web.AppKey("store", SignalStore)
@@ -80,7 +107,7 @@ async def health(request: web.Request) -> web.Response:
         "findings_store": store,
         "diagnosis": diagnosis,
     }
-    return web.json_response(body)
+    return web.json_response(body, dumps=dumps)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -169,7 +196,7 @@ async def reload_rules(request: web.Request) -> web.Response:
         raise ApiError(400, "reload takes no request body")
     errors = await d.reload()
     result = {"reloaded": not errors, "errors": errors, "rules": len(d.rules.ruleset.rules)}
-    return web.json_response(result, status=422 if errors else 200)
+    return web.json_response(result, status=422 if errors else 200, dumps=dumps)
 
 
 def _supervisor(request: web.Request, name: str | None = None) -> Any:

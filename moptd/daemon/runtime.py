@@ -191,6 +191,9 @@ class CollectorRuntime:
                 Sample("collector.duration", subject, h.duration),
                 Sample("collector.unavailable", subject, 1.0 if h.state == "unavailable" else 0.0),
                 Sample("collector.failures", subject, float(h.failures)),
+                Sample(
+                    "store.series_dropped", subject, float(self.store.series_dropped.get(h.name, 0))
+                ),
             ]
         )
         if h.last_success:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -55,9 +56,27 @@ _NODE_FIELDS = (
 
 
 def _num(v: Value) -> float | int | str | None:
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
+    """A value for /v1/status: NaN and infinities are null (unknown), since JSON has no
+    spelling for them and the status view's readers do arithmetic on what is a number."""
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return None
+        if v.is_integer():
+            return int(v)
     return v
+
+
+# Prometheus's own spellings, which its HTTP API also sends as strings
+_NON_FINITE = {math.inf: "+Inf", -math.inf: "-Inf"}
+
+
+def snapshot_value(v: Value) -> float | int | str | None:
+    """A value for /v1/snapshot: a number stays one; NaN, +Inf and -Inf become the
+    strings "NaN", "+Inf" and "-Inf" (an engine does report +Inf), so the answer is
+    strict JSON and still says which one it was."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else _NON_FINITE[v]
+    return _num(v)
 
 
 def _fresh(store: SignalStore, signal: str, subject: str) -> list[tuple[dict[str, str], float]]:
@@ -162,7 +181,7 @@ def snapshot_view(store: SignalStore, only: str | None = None) -> dict[str, Any]
         entry = subjects.setdefault(
             s.subject, {"attrs": snap.attrs.get(s.subject, {}), "signals": {}}
         )
-        value = _num(s.value)
+        value = snapshot_value(s.value)
         if s.labels:
             entry["signals"].setdefault(s.signal, []).append(
                 {"labels": dict(s.labels), "value": value}

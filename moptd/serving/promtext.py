@@ -32,6 +32,31 @@ class PromParseError(ValueError):
         self.line = line
 
 
+class PromLimitError(PromParseError):
+    """The page breaks a scrape limit (``ScrapeLimits``); ``limit`` names which."""
+
+    def __init__(self, line: int, limit: str, message: str) -> None:
+        super().__init__(line, f"{message} ({limit})")
+        if not line:  # a limit on the page as a whole, found after its lines were read
+            self.args = (f"{message} ({limit})",)
+        self.limit = limit
+
+
+class ScrapeLimits(NamedTuple):
+    """Prometheus's scrape limits of the same names. A page that breaks one is refused
+    whole, as Prometheus fails such a scrape: a page cut short would read as a healthy
+    engine with fewer requests. 0 turns a limit off (``NO_LIMITS``: saved pages, tests);
+    the configuration asks for a positive number."""
+
+    sample_limit: int = 20000
+    label_limit: int = 128
+    label_name_length_limit: int = 256
+    label_value_length_limit: int = 4096
+
+
+NO_LIMITS = ScrapeLimits(0, 0, 0, 0)
+
+
 class PromSample(NamedTuple):
     name: str
     labels: Labels
@@ -72,18 +97,23 @@ def parse_value(text: str, line: int = 0) -> float:
 
 # A page repeats the same few label sets on every scrape (model_name, engine, le=...), and
 # the same names: remembering them is what keeps a scrape well under a millisecond.
+# Both are bounded in entries and in what one entry may hold: a page whose label values
+# change every scrape must not turn the caches into the memory leak they would then be.
 _LABEL_CACHE: dict[str, Labels] = {}
 _NAMES: set[str] = set()
-_CACHE_MAX = 20000
+_CACHE_MAX = 8192
+_CACHED_BODY_MAX = 2048  # vLLM's longest label set (cache_config_info) is about 1 KiB
+_CACHED_NAME_MAX = 256
 
 
 def _labels_cached(body: str, line: int) -> Labels:
     got = _LABEL_CACHE.get(body)
     if got is None:
         got = parse_labels(body, line)
-        if len(_LABEL_CACHE) >= _CACHE_MAX:
-            _LABEL_CACHE.clear()
-        _LABEL_CACHE[body] = got
+        if len(body) <= _CACHED_BODY_MAX:
+            if len(_LABEL_CACHE) >= _CACHE_MAX:
+                _LABEL_CACHE.clear()
+            _LABEL_CACHE[body] = got
     return got
 
 
@@ -91,9 +121,30 @@ def _check_name(name: str, line: int) -> None:
     if name not in _NAMES:
         if _NAME_RE.fullmatch(name) is None:
             raise PromParseError(line, f"bad metric name {name[:80]!r}")
-        if len(_NAMES) >= _CACHE_MAX:
-            _NAMES.clear()
-        _NAMES.add(name)
+        if len(name) <= _CACHED_NAME_MAX:
+            if len(_NAMES) >= _CACHE_MAX:
+                _NAMES.clear()
+            _NAMES.add(name)
+
+
+def _check_labels(labels: Labels, body: str, limits: ScrapeLimits, line: int) -> None:
+    if limits.label_limit and len(labels) > limits.label_limit:
+        raise PromLimitError(
+            line, "label_limit", f"{len(labels)} labels, more than {limits.label_limit}"
+        )
+    names, values = limits.label_name_length_limit, limits.label_value_length_limit
+    # no label of a body shorter than both limits can break either: most lines stop here
+    if (not names or len(body) <= names) and (not values or len(body) <= values):
+        return
+    for k, v in labels:
+        if names and len(k) > names:
+            raise PromLimitError(
+                line, "label_name_length_limit", f"label name {k[:40]!r}... longer than {names}"
+            )
+        if values and len(v) > values:
+            raise PromLimitError(
+                line, "label_value_length_limit", f"value of label {k[:40]!r} longer than {values}"
+            )
 
 
 # vLLM's longest line (cache_config_info) is about 1 KiB. A longer line is not a metrics page,
@@ -101,7 +152,13 @@ def _check_name(name: str, line: int) -> None:
 MAX_LINE = 64 << 10
 
 
-def iter_samples(text: str) -> Iterator[PromSample]:
+def iter_samples(text: str, limits: ScrapeLimits = NO_LIMITS) -> Iterator[PromSample]:
+    """The samples of a page in order; PromParseError (PromLimitError for a limit) names
+    the first line at fault."""
+    sample_limit = limits.sample_limit
+    count = 0
+    label_checks = limits.label_limit or limits.label_name_length_limit
+    label_checks = label_checks or limits.label_value_length_limit
     for lineno, raw in enumerate(text.split("\n"), 1):
         if len(raw) > MAX_LINE:
             raise PromParseError(lineno, f"line longer than {MAX_LINE} characters")
@@ -114,7 +171,10 @@ def iter_samples(text: str) -> Iterator[PromSample]:
             if close < brace:
                 raise PromParseError(lineno, f"not a sample: {line[:80]!r}")
             name = line[:brace].rstrip()
-            labels = _labels_cached(line[brace + 1 : close], lineno)
+            body = line[brace + 1 : close]
+            labels = _labels_cached(body, lineno)
+            if label_checks:
+                _check_labels(labels, body, limits, lineno)
             rest = line[close + 1 :].split()
         else:
             parts = line.split()
@@ -122,9 +182,12 @@ def iter_samples(text: str) -> Iterator[PromSample]:
         if not 1 <= len(rest) <= 2 or (len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1])):
             raise PromParseError(lineno, f"not a sample: {line[:80]!r}")
         _check_name(name, lineno)
+        count += 1
+        if sample_limit and count > sample_limit:
+            raise PromLimitError(lineno, "sample_limit", f"more than {sample_limit} samples")
         yield PromSample(name, labels, parse_value(rest[0], lineno))
 
 
-def parse(text: str) -> list[PromSample]:
+def parse(text: str, limits: ScrapeLimits = NO_LIMITS) -> list[PromSample]:
     """Every sample of a page. Raises PromParseError naming the first bad line."""
-    return list(iter_samples(text))
+    return list(iter_samples(text, limits))

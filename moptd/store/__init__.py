@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from moptd.clock import Clock, SystemClock
@@ -105,11 +105,18 @@ class SignalStore:
         retention: float = 3600.0,
         max_points: int = 4096,
         max_events: int = 10000,
+        max_series: int = 20000,
     ) -> None:
         self.clock = clock or SystemClock()
         self.retention = retention
         self.max_points = max_points
         self.max_events = max_events
+        # Series (numeric and text) one source may hold: an engine page with a label value
+        # that changes every scrape would otherwise add series until memory runs out.
+        self.max_series = max_series
+        self._owner: dict[SeriesKey, str] = {}  # the source that brought each series
+        self._held: dict[str, int] = {}  # source -> series it holds
+        self.series_dropped: dict[str, int] = {}  # source -> new series refused since start
         self._series: dict[SeriesKey, Series] = {}
         # (signal, subject) -> {labels: series}: rules look series up by these hundreds
         # of times a tick
@@ -134,8 +141,11 @@ class SignalStore:
         """Record a source's pass. Its snapshot is replaced whole, so subjects that left
         (a GPU that fell off, a process that exited) leave the exporter's view too."""
         now = self.clock.now() if t is None else t
-        for s in batch.samples:
-            self._record(s, now)
+        kept = [s for s in batch.samples if self._record(s, now, source)]
+        if len(kept) != len(batch.samples):
+            # the exporter shows what the store holds: a refused series is not exported
+            # either, so /metrics stays as bounded as the store
+            batch = replace(batch, samples=kept)
         self.add_events(batch.events)
         for subject, attrs in batch.attrs.items():
             known = self._attrs.get(subject)
@@ -148,24 +158,45 @@ class SignalStore:
         if now - self._last_evict > 60:
             self.evict(now)
 
-    def record(self, sample: Sample, t: float | None = None) -> None:
-        self._record(sample, self.clock.now() if t is None else t)
+    def record(self, sample: Sample, t: float | None = None, source: str = "") -> bool:
+        """Record one sample; False when it would be a new series past the source's
+        ``max_series`` (it is dropped and counted in ``series_dropped``)."""
+        return self._record(sample, self.clock.now() if t is None else t, source)
 
-    def _record(self, s: Sample, t: float) -> None:
+    def _admit(self, key: SeriesKey, source: str) -> bool:
+        held = self._held.get(source, 0)
+        if held >= self.max_series:
+            self.series_dropped[source] = self.series_dropped.get(source, 0) + 1
+            return False
+        self._held[source] = held + 1
+        self._owner[key] = source
+        return True
+
+    def _release(self, key: SeriesKey) -> None:
+        source = self._owner.pop(key, None)
+        if source is not None:
+            self._held[source] -= 1
+
+    def _record(self, s: Sample, t: float, source: str = "") -> bool:
         key = (s.signal, s.subject, s.labels)
         v: Value = s.value
         if isinstance(v, str) or v is None:
             if key not in self._text:
+                if not self._admit(key, source):
+                    return False
                 self._known = None
             self._text[key] = (t, v)
-            return
+            return True
         series = self._series.get(key)
         if series is None:
+            if not self._admit(key, source):
+                return False
             series = self._series[key] = Series(self.max_points)
             self._index.setdefault((s.signal, s.subject), {})[s.labels] = series
             self._signal_subjects.clear()
             self._known = None
         series.append(t, float(v))
+        return True
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
@@ -188,6 +219,7 @@ class SignalStore:
         horizon = now - self.retention
         for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
             del self._series[key]
+            self._release(key)
             per_subject = self._index.get((key[0], key[1]))
             if per_subject is not None:
                 per_subject.pop(key[2], None)
@@ -198,6 +230,7 @@ class SignalStore:
             s.evict_before(horizon)
         for key in [k for k, (t, _) in self._text.items() if t < horizon]:
             del self._text[key]
+            self._release(key)
         for log in self._events.values():
             log.evict_before(horizon)
         live = {k[1] for k in self._series} | {k[1] for k in self._text}
@@ -291,4 +324,5 @@ class SignalStore:
             "text_series": len(self._text),
             "events": sum(len(e) for e in self._events.values()),
             "events_dropped": sum(e.dropped for e in self._events.values()),
+            "series_dropped": sum(self.series_dropped.values()),
         }

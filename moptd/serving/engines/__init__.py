@@ -16,7 +16,7 @@ from moptd.serving.engines.contract import HISTOGRAMS, Engine, EngineView
 from moptd.serving.engines.prometheus import PageMapping
 from moptd.serving.engines.trtllm import view_from_trtllm_stats
 from moptd.serving.logrecord import MessageParser
-from moptd.serving.promtext import PromSample, parse
+from moptd.serving.promtext import NO_LIMITS, PromSample, ScrapeLimits, parse
 
 REGISTRY: dict[str, Engine] = {e.name: e for e in (vllm.ENGINE, sglang.ENGINE, trtllm.ENGINE)}
 ENGINES = tuple(REGISTRY)
@@ -47,13 +47,15 @@ def detect_engine(samples: Iterable[PromSample]) -> str:
     return _PAGES.detect(samples)
 
 
-def read_page(engine: str, metrics_path: str, body: bytes) -> EngineView:
+def read_page(
+    engine: str, metrics_path: str, body: bytes, limits: ScrapeLimits = NO_LIMITS
+) -> EngineView:
     """An endpoint's /metrics body: the engine's own reader for that path, else Prometheus
-    text."""
+    text within ``limits`` (PromLimitError past one)."""
     reader = REGISTRY[engine].page_readers.get(metrics_path)
     if reader is not None:
         return reader(body)
-    return view_from_samples(parse(body.decode("utf-8")))
+    return view_from_samples(parse(body.decode("utf-8"), limits))
 
 
 def add_running_totals(engine: str, view: EngineView, totals: MutableMapping[str, float]) -> None:

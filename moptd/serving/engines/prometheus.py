@@ -13,7 +13,12 @@ from collections.abc import Iterable, Sequence
 
 from moptd.serving.engines.contract import Agg, Engine, EngineView, Scalars
 from moptd.serving.histogram import Histogram
-from moptd.serving.promtext import PromSample
+from moptd.serving.promtext import PromLimitError, PromSample
+
+# Distinct upper bounds (le) one histogram may have on a page. vLLM's widest has 23; the
+# collector keeps a quantile window of pages (5 min of them), so a page that rotated its
+# le values within sample_limit would otherwise keep 20,000 buckets a page, 600 pages long.
+MAX_BUCKETS = 256
 
 # The API server's own process, whatever the engine (absent with several API servers:
 # multiprocess mode).
@@ -94,6 +99,10 @@ class PageMapping:
                         le = next((v for k, v in s.labels if k == "le"), None)
                         if le is not None:
                             h.add_bucket(math.inf if le in ("+Inf", "Inf") else float(le), s.value)
+                            if len(h.buckets) > MAX_BUCKETS:
+                                raise PromLimitError(
+                                    0, "bucket_limit", f"{base} has more than {MAX_BUCKETS} buckets"
+                                )
                     elif suffix == "count":
                         h.count += s.value
                     else:
