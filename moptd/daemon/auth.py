@@ -19,6 +19,7 @@ import logging
 import os
 import pwd
 import socket
+import stat
 import struct
 import time
 from dataclasses import dataclass, field
@@ -77,9 +78,14 @@ def load_token(path: os.PathLike[str] | str | None) -> str | None:
     if path is None:
         return None
     try:
-        # the mode is checked on the file that was opened, not on the name (no race)
-        with open(path, encoding="utf-8") as fh:
+        # the mode is checked on the file that was opened, not on the name (no race);
+        # O_NONBLOCK: a FIFO swapped in after the config check must not hang start-up
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, encoding="utf-8") as fh:
             mode = os.fstat(fh.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                log.error("api token file %s is not a regular file; TCP API refused", path)
+                return None
             if mode & 0o077:
                 log.error(
                     "api token file %s is readable by others (mode %o); TCP mutations off",
