@@ -134,8 +134,9 @@ class RuleService:
         )
 
     def findings_batch(self) -> Batch:
-        """moptd_finding_active / moptd_finding_pending, moptd_rule_failing and
-        moptd_rule_evaluation_errors_total samples, for store.ingest("rules", ...)."""
+        """moptd_finding_active / moptd_finding_pending, moptd_rule_failing,
+        moptd_rule_evaluation_errors_total, moptd_rules_loaded and moptd_rules_load_errors
+        samples, for store.ingest("rules", ...)."""
         batch = Batch()
         for f in self.lifecycle.findings.values():
             signal = "finding.active" if f.state == "firing" else "finding.pending"
@@ -145,4 +146,7 @@ class RuleService:
             batch.add("rules.failing", NODE, 1.0, labels_of(rule=rid))
         for rid, n in self.evaluation_errors.items():
             batch.add("rules.evaluation_errors", NODE, float(n), labels_of(rule=rid))
+        # a refused reload keeps the old set: the count says what runs, the errors why not
+        batch.add("rules.loaded", NODE, float(len(self.ruleset.rules)))
+        batch.add("rules.load_errors", NODE, float(len(self.errors)))
         return batch

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from moptd.diagnose.loader import MAX_RULE_FILE_BYTES, default_rules_dir
-from tests.faults.conftest import api_get, assert_serving, start_daemon, wait_for
+from tests.faults.conftest import api_get, assert_serving, metric_value, start_daemon, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,10 +80,17 @@ def test_a_fifo_in_rules_d_neither_wedges_reloads_nor_stops_sigterm(tmp_path):
         assert any("wedge.rules.yaml" in e and "a FIFO" in e for e in rules), rules
         # the refused reload left the shipped rules in force, and a second reload still runs
         assert len(api_get(d, "/v1/rules")["rules"]) == shipped
+        # ... and /metrics says both: what runs, and that the last load failed
+        wait_for(
+            lambda: metric_value(assert_serving(d), "moptd_rules_load_errors") == 1.0, timeout=10
+        )
+        assert metric_value(assert_serving(d), "moptd_rules_loaded") == float(shipped)
         (local / "wedge.rules.yaml").unlink()
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: api_get(d, "/v1/rules")["errors"] == [] or None, timeout=15)
-        assert_serving(d)
+        wait_for(
+            lambda: metric_value(assert_serving(d), "moptd_rules_load_errors") == 0.0, timeout=10
+        )
     finally:
         start = time.monotonic()
         rc = d.stop(timeout=20)
