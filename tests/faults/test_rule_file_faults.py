@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moptd.diagnose.loader import MAX_RULE_FILE_BYTES, default_rules_dir
+from moptd.diagnose.loader import MAX_RULE_FILE_BYTES, default_rules_dir, load_rules
 from tests.faults.conftest import api_get, assert_serving, metric_value, start_daemon, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,3 +97,28 @@ def test_a_fifo_in_rules_d_neither_wedges_reloads_nor_stops_sigterm(tmp_path):
         assert time.monotonic() - start < 20
     assert rc == 0
     assert "Traceback" not in d.log()
+
+
+@pytest.mark.slow
+def test_one_broken_local_file_at_start_leaves_the_shipped_rules_running(tmp_path):
+    local = tmp_path / "rules.d"
+    local.mkdir()
+    (local / "broken.rules.yaml").write_text("schema: moptd.rules/v1\nrules:\n  - id: x\n")
+    shipped = len(load_rules([default_rules_dir()]).ruleset.rules)
+    d = start_daemon(
+        tmp_path / "d",
+        {
+            "rules": {"paths": [str(default_rules_dir()), str(local)]},
+            "collectors": {"kernel": {"enabled": False}},
+        },
+    )
+    try:
+        rules = api_get(d, "/v1/rules")
+        assert any("broken.rules.yaml" in e for e in rules["errors"]), rules["errors"]
+        assert len(rules["rules"]) == shipped  # diagnosis runs, on the shipped set
+        wait_for(lambda: metric_value(assert_serving(d), "moptd_rules_loaded") == shipped)
+        wait_for(lambda: (metric_value(assert_serving(d), "moptd_rules_load_errors") or 0) >= 1)
+    finally:
+        assert d.stop() == 0
+    assert "running with the" in d.log()
+    assert "shipped rules only" in d.log()
