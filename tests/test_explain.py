@@ -470,3 +470,18 @@ def test_bundle_gpus_resolve_a_subject_given_by_uuid():
         ("GPU_RESET_REQUIRED", "gpu:4"),
         ("HW_SLOWDOWN", "gpu:4"),
     }
+
+
+def test_evidence_says_when_a_line_was_written_from_user_space():
+    """/dev/kmsg takes writes from root in user space (tests, a hostile root process); the
+    kernel stamps those facility "user", and the evidence says so (issue 18, item 11)."""
+    from moptd.cli.explain_compact import evidence_line
+
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+    kernel = {"stream": "kernel.xid", "t": 1795969286.0, "text": line, "fields": {"code": 79}}
+    user = {**kernel, "fields": {"code": 79, "facility": "user"}}
+    f = {"code": "GPU_LOST", "events": [kernel], "evidence": {}}
+    assert "user space" not in evidence_line(f)
+    text = evidence_line({**f, "events": [user]})
+    assert text.endswith("; written from user space (facility user), not the kernel"), text
+

@@ -154,7 +154,7 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
             "count(kernel.xid, 5m, colour == 1)",
             "unknown event field 'colour' (fields: "
             "caused_by, cmdline, code, compute_instance, container, diagnoses, error_status, "
-            "gpu_instance, incident, intrinfo, link, link_scope, message, mnemonic, "
+            "facility, gpu_instance, incident, intrinfo, link, link_scope, message, mnemonic, "
             "nvlink_unit, nvlink_xc, pci_bus_id, pid, plan, pod_uid, previous_recovery_action, "
             "previous_recovery_action_code, process, recovery_action, recovery_action_code, "
             "severity, user, uuid)",

@@ -172,6 +172,27 @@ def test_a_corrupt_file_is_moved_aside_and_a_new_one_started(tmp_path):
     conn.close()
 
 
+def test_old_corrupt_copies_are_pruned_to_the_newest_three(tmp_path):
+    path = tmp_path / "findings.db"
+    for stamp in ("20261101T000000", "20261102T000000", "20261103T000000", "20261104T000000"):
+        (tmp_path / f"findings.db.corrupt-{stamp}").write_bytes(b"old copy")
+        (tmp_path / f"findings.db.corrupt-{stamp}-wal").write_bytes(b"old wal")
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    path.write_bytes(b"this is not an SQLite database at all" * 100)
+    with FindingsDB(path) as db:
+        db.flush()
+        moved = db.health.as_dict()["quarantined"][0]
+    left = sorted(p.name for p in tmp_path.glob("findings.db.corrupt-*") if "-wal" not in p.name)
+    assert left == [
+        "findings.db.corrupt-20261103T000000",
+        "findings.db.corrupt-20261104T000000",
+        Path(moved).name,
+    ]
+    assert not (tmp_path / "findings.db.corrupt-20261101T000000-wal").exists()
+    assert victim.read_text() == "keep\n"
+
+
 def test_a_full_database_keeps_running_in_memory_and_reports_failing(tmp_path):
     path = tmp_path / "findings.db"
     with FindingsDB(path) as db:

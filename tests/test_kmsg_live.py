@@ -127,6 +127,8 @@ async def test_written_records_arrive_parsed_and_attributed(tmp_path: Path) -> N
     assert second.fields["caused_by"] == 13
     assert second.fields["incident"] == first.fields["incident"]
     assert lost.fields["pci_bus_id"] == "0000:fe:00.0"
+    # written from user space: the kernel stamped them facility "user" (never "kern")
+    assert {e.fields.get("facility") for e in mine} == {"user"}
     counts = {(s.subject, s.labels): s.value for s in batch.samples if s.signal == "gpu.xid_errors"}
     assert counts[("gpu:0000:fe:00.0", (("xid", "13"),))] >= 1
     # each event names the record it came from; the newest is the committed position

@@ -84,6 +84,24 @@ SIGNALS = [
         labels=("rule",),
     ),
     SignalSpec(
+        "rules.loaded",
+        "gauge",
+        "count",
+        "Rules in force. It stays when a reload is refused (moptd_rules_load_errors > 0): the "
+        "rules in force are the last set that loaded whole.",
+        "node",
+        "moptd_rules_loaded",
+    ),
+    SignalSpec(
+        "rules.load_errors",
+        "gauge",
+        "count",
+        "Errors of the last rule load or reload (SIGHUP, POST /v1/rules/reload); 0 once a "
+        "set loads whole. /v1/rules and `moptd rules check` name each file, line and key.",
+        "node",
+        "moptd_rules_load_errors",
+    ),
+    SignalSpec(
         "rules.evaluation_errors",
         "counter",
         "count",

@@ -40,6 +40,10 @@ _XID_FIELDS = (
 
 
 def _ev(name: str, subject: str, help: str, fields: tuple[str, ...]) -> SignalSpec:
+    # facility: set only when the record is not the kernel's own (a line written to
+    # /dev/kmsg from user space arrives as facility "user"; it cannot claim "kern")
+    if name.startswith("kernel."):
+        fields = (*fields, "facility")
     return SignalSpec(name, "event", "", help, subject, None, (), "", fields)  # type: ignore[arg-type]
 
 

@@ -135,6 +135,11 @@ def _known_time(t: Any) -> TypeGuard[int | float]:
     return isinstance(t, int | float) and t > 0
 
 
+def _facility(e: dict[str, Any]) -> bool:
+    fields = e.get("fields")
+    return isinstance(fields, dict) and fields.get("facility") not in (None, "", "kern")
+
+
 def evidence_line(f: dict[str, Any], twins: Sequence[dict[str, Any]] = ()) -> str:
     """The deciding events (of the twins too: two lost GPUs, two Xid 79 lines) and the
     evidence values that are known (of `f`)."""
@@ -154,6 +159,10 @@ def evidence_line(f: dict[str, Any], twins: Sequence[dict[str, Any]] = ()) -> st
         if len(text) > MAX_LINE_TEXT:
             text = text[: MAX_LINE_TEXT - 1] + "…"
         parts.append(f"{head}; {'last' if len(events) > 1 else 'line'}: {text}" if text else head)
+        forged = sorted({str(e["fields"]["facility"]) for e in events if _facility(e)})
+        if forged:
+            # /dev/kmsg takes writes from root in user space; the kernel's own are "kern"
+            parts.append(f"written from user space (facility {', '.join(forged)}), not the kernel")
     known = {k: v for k, v in (f.get("evidence") or {}).items() if v is not None}
     if known:
         parts.append(", ".join(f"{k} = {fmt(v)}" for k, v in known.items()))

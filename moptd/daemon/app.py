@@ -133,7 +133,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._sighup)
-        if self.rules.errors:
+        if self.rules.errors and not self.rules.ruleset.rules:
             log.error(
                 "rules not loaded (%d errors); running without rules until they are fixed "
                 "and reloaded with SIGHUP",

@@ -14,7 +14,7 @@ from pathlib import Path
 from moptd.clock import Clock
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Damping, Lifecycle
-from moptd.diagnose.loader import Loaded, RuleError, load_rules
+from moptd.diagnose.loader import Loaded, RuleError, default_rules_dir, load_rules
 from moptd.diagnose.model import Finding, RuleSet, Transition
 from moptd.observations import NODE, Batch, labels_of
 from moptd.store import SignalStore
@@ -45,10 +45,34 @@ class RuleService:
         self.evaluation_errors: dict[str, int] = {}
         self._failing: set[str] = set()  # rules that raised last tick, logged once each
         self.put_in_force(load_rules(self.rule_paths))
-        if not self.errors:
+        if self.errors:
+            self._start_with_shipped_rules()
+        else:
             log.info(
                 "loaded %d rules from %d files", len(self.ruleset.rules), len(self.ruleset.files)
             )
+
+    def _start_with_shipped_rules(self) -> None:
+        """At start there is no earlier set to keep: one broken local file must not leave
+        the host with no diagnosis at all. When the shipped rules are among the paths and
+        load whole on their own, they run; the errors stay reported (/v1/rules,
+        moptd_rules_load_errors) until the files are fixed and reloaded."""
+        shipped = default_rules_dir().resolve()
+        paths = [Path(p).resolve() for p in self.rule_paths]
+        if shipped not in paths or len(paths) == 1:
+            return
+        alone = load_rules([shipped])
+        if alone.errors:
+            return
+        errors = self.errors
+        self.put_in_force(alone)
+        self.errors = errors
+        log.error(
+            "running with the %d shipped rules only: the other rule files have %d errors; "
+            "fix them and reload with SIGHUP",
+            len(self.ruleset.rules),
+            len(errors),
+        )
 
     def put_in_force(self, loaded: Loaded) -> list[Transition]:
         """Put a loaded rule set in force at once, so a tick never sees half of one. A set
@@ -134,8 +158,9 @@ class RuleService:
         )
 
     def findings_batch(self) -> Batch:
-        """moptd_finding_active / moptd_finding_pending, moptd_rule_failing and
-        moptd_rule_evaluation_errors_total samples, for store.ingest("rules", ...)."""
+        """moptd_finding_active / moptd_finding_pending, moptd_rule_failing,
+        moptd_rule_evaluation_errors_total, moptd_rules_loaded and moptd_rules_load_errors
+        samples, for store.ingest("rules", ...)."""
         batch = Batch()
         for f in self.lifecycle.findings.values():
             signal = "finding.active" if f.state == "firing" else "finding.pending"
@@ -145,4 +170,7 @@ class RuleService:
             batch.add("rules.failing", NODE, 1.0, labels_of(rule=rid))
         for rid, n in self.evaluation_errors.items():
             batch.add("rules.evaluation_errors", NODE, float(n), labels_of(rule=rid))
+        # a refused reload keeps the old set: the count says what runs, the errors why not
+        batch.add("rules.loaded", NODE, float(len(self.ruleset.rules)))
+        batch.add("rules.load_errors", NODE, float(len(self.errors)))
         return batch

@@ -25,6 +25,7 @@ import logging
 import os
 import queue
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -373,6 +374,7 @@ class FindingsDB:
                 os.replace(src, f"{target}{suffix}")
         self.health.quarantined = [*(self.health.quarantined or []), target]
         self.health.reason = f"corrupt database moved to {target}: {why}"
+        _prune_quarantine(path)
         return target
 
     def _fail(self, reason: str) -> None:
@@ -895,3 +897,28 @@ def open_read_only(path: Path) -> sqlite3.Connection | None:
         conn.close()
         return None
     return conn
+
+
+# Corrupt copies kept for a post-mortem: enough to compare, bounded on a flapping disk.
+KEEP_QUARANTINED = 3
+
+
+def _prune_quarantine(path: Path) -> None:
+    """Remove all but the newest KEEP_QUARANTINED `<db>.corrupt-<stamp>` copies (with their
+    -wal/-shm): each is as large as the database, and a disk that keeps corrupting it would
+    otherwise fill with them. Only regular files of that name, never a link."""
+    stamps = sorted(
+        {
+            p.name[len(path.name) + len(".corrupt-") :].split("-", 1)[0]
+            for p in path.parent.glob(f"{path.name}.corrupt-*")
+        }
+    )
+    for stamp in stamps[:-KEEP_QUARANTINED]:
+        for suffix in ("", "-wal", "-shm"):
+            old = path.parent / f"{path.name}.corrupt-{stamp}{suffix}"
+            try:
+                if stat.S_ISREG(os.lstat(old).st_mode):
+                    old.unlink()
+            except FileNotFoundError:
+                continue
+            log.info("findings database: removed the old corrupt copy %s", old)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moptd.kernel.incidents import IncidentTracker
-from moptd.kernel.logparse import KernelRecord
+from moptd.kernel.logparse import KernelRecord, facility_name
 from moptd.kernel.patterns import KernelMatcher, Match
 from moptd.kernel.xid import plan_for, xid_info
 from moptd.observations import NODE, Event, gpu_subject
@@ -50,13 +50,19 @@ class Attributor:
 
     def events(self, rec: KernelRecord, default_time: float = 0.0) -> list[Event]:
         t = rec.t if rec.t is not None else default_time
-        return [self.event(m, t, rec.t) for m in self.matcher.feed(rec.text)]
+        # not 0 (kern): written to /dev/kmsg from user space, which cannot claim 0
+        facility = facility_name(rec.facility) if rec.facility else None
+        return [self.event(m, t, rec.t, facility) for m in self.matcher.feed(rec.text)]
 
     def flush(self, t: float) -> list[Event]:
         return [self.event(m, t, t) for m in self.matcher.flush()]
 
-    def event(self, m: Match, t: float, known_t: float | None) -> Event:
+    def event(
+        self, m: Match, t: float, known_t: float | None, facility: str | None = None
+    ) -> Event:
         fields: dict[str, Any] = dict(m.fields)
+        if facility:
+            fields["facility"] = facility
         subject = NODE
         bus = str(fields.get("pci_bus_id") or "")
         stream = m.stream

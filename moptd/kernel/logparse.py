@@ -44,6 +44,11 @@ _FACILITIES = (
     "local0 local1 local2 local3 local4 local5 local6 local7"
 ).split()
 _LEVELS = "emerg alert crit err warn notice info debug".split()
+
+
+def facility_name(facility: int) -> str:
+    """syslog's name of a facility number ("kern" 0, "user" 1, ...)."""
+    return _FACILITIES[facility] if 0 <= facility < len(_FACILITIES) else str(facility)
 _PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
 _HEX_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 

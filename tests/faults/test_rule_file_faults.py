@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from moptd.diagnose.loader import MAX_RULE_FILE_BYTES, default_rules_dir
-from tests.faults.conftest import api_get, assert_serving, start_daemon, wait_for
+from moptd.diagnose.loader import MAX_RULE_FILE_BYTES, default_rules_dir, load_rules
+from tests.faults.conftest import api_get, assert_serving, metric_value, start_daemon, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,13 +80,45 @@ def test_a_fifo_in_rules_d_neither_wedges_reloads_nor_stops_sigterm(tmp_path):
         assert any("wedge.rules.yaml" in e and "a FIFO" in e for e in rules), rules
         # the refused reload left the shipped rules in force, and a second reload still runs
         assert len(api_get(d, "/v1/rules")["rules"]) == shipped
+        # ... and /metrics says both: what runs, and that the last load failed
+        wait_for(
+            lambda: metric_value(assert_serving(d), "moptd_rules_load_errors") == 1.0, timeout=10
+        )
+        assert metric_value(assert_serving(d), "moptd_rules_loaded") == float(shipped)
         (local / "wedge.rules.yaml").unlink()
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: api_get(d, "/v1/rules")["errors"] == [] or None, timeout=15)
-        assert_serving(d)
+        wait_for(
+            lambda: metric_value(assert_serving(d), "moptd_rules_load_errors") == 0.0, timeout=10
+        )
     finally:
         start = time.monotonic()
         rc = d.stop(timeout=20)
         assert time.monotonic() - start < 20
     assert rc == 0
     assert "Traceback" not in d.log()
+
+
+@pytest.mark.slow
+def test_one_broken_local_file_at_start_leaves_the_shipped_rules_running(tmp_path):
+    local = tmp_path / "rules.d"
+    local.mkdir()
+    (local / "broken.rules.yaml").write_text("schema: moptd.rules/v1\nrules:\n  - id: x\n")
+    shipped = len(load_rules([default_rules_dir()]).ruleset.rules)
+    d = start_daemon(
+        tmp_path / "d",
+        {
+            "rules": {"paths": [str(default_rules_dir()), str(local)]},
+            "collectors": {"kernel": {"enabled": False}},
+        },
+    )
+    try:
+        rules = api_get(d, "/v1/rules")
+        assert any("broken.rules.yaml" in e for e in rules["errors"]), rules["errors"]
+        assert len(rules["rules"]) == shipped  # diagnosis runs, on the shipped set
+        wait_for(lambda: metric_value(assert_serving(d), "moptd_rules_loaded") == shipped)
+        wait_for(lambda: (metric_value(assert_serving(d), "moptd_rules_load_errors") or 0) >= 1)
+    finally:
+        assert d.stop() == 0
+    assert "running with the" in d.log()
+    assert "shipped rules only" in d.log()
