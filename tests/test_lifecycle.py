@@ -8,7 +8,7 @@ from moptd.clock import VirtualClock
 from moptd.diagnose.lifecycle import Damping
 from moptd.diagnose.loader import load_rules
 from moptd.diagnose.service import RuleService
-from moptd.observations import Batch
+from moptd.observations import Batch, Sample
 from moptd.store import SignalStore
 
 RULE = """\
@@ -103,11 +103,16 @@ def test_flap_damping_holds_a_flapping_finding(tmp_path: Path) -> None:
 
 def test_findings_batch_for_the_exporter(tmp_path: Path) -> None:
     svc, store, clock, _ = setup(tmp_path, for_="10s")
+
+    def findings_samples() -> list[Sample]:
+        # the batch also carries moptd_rules_loaded / moptd_rules_load_errors
+        return [s for s in svc.findings_batch().samples if s.signal.startswith("finding.")]
+
     feed(svc, store, clock, [95])
-    (pending,) = svc.findings_batch().samples
+    (pending,) = findings_samples()
     assert pending.signal == "finding.pending"
     feed(svc, store, clock, [95])
-    (firing,) = svc.findings_batch().samples
+    (firing,) = findings_samples()
     assert (firing.signal, firing.subject, dict(firing.labels)) == (
         "finding.active",
         "node",

@@ -230,7 +230,8 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
         try:
             text = read_rule_file(f)
         except RuleFileRefused as e:
-            errors.append(RuleError(str(f), 0, str(e)))
+            # the whole file is refused: its first line stands for it (FILE:1: reason)
+            errors.append(RuleError(str(f), 1, str(e)))
             continue
         except (OSError, UnicodeDecodeError) as e:
             errors.append(RuleError(str(f), 0, f"cannot read: {e}"))

@@ -40,6 +40,7 @@ EVENT_GAP = 0.05
 # An event whose time is still ahead of the clock (a log line's own stamp) is counted by the
 # rules only from that time on: the evaluation it asks for waits until then, and this long.
 AHEAD_MARGIN = 0.001
+AHEAD_TRIES = 5  # then the grid: a clock that does not move must not spin the loop
 
 
 def steps_of(result: Result | None) -> list[dict[str, Any]]:
@@ -168,6 +169,7 @@ class Diagnosis:
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + 60.0
         last_event_tick = -math.inf  # loop time of the last evaluation an event asked for
+        ahead_tries = 0  # evaluations at an event's time that came before the wall clock did
         while True:
             woken = False
             deadline, for_ahead = self._deadline(loop.time())
@@ -184,9 +186,13 @@ class Diagnosis:
                 last_event_tick = loop.time()
                 self.event_ticks += 1
             elif for_ahead:
-                # One evaluation at an event's own time, then the grid again (a clock that
-                # does not move, as in a test, must not make this a busy loop).
-                self._ahead = None
+                # An evaluation at an event's own time. The rule clock is the wall clock and
+                # the timer the monotonic one; a slewing clock (NTP, a VM) can make the wall
+                # lag, so the event may still be ahead: try again a few times, then the grid
+                # (a clock that does not move, as in a test, must not make a busy loop).
+                ahead_tries += 1
+                if ahead_tries > AHEAD_TRIES:
+                    self._ahead = None
             self._wake.clear()
             try:
                 self.tick()
@@ -194,6 +200,8 @@ class Diagnosis:
                 log.exception("rule evaluation failed")
             if self._ahead is not None and self._ahead <= self.rules.clock.now():
                 self._ahead = None  # that evaluation counted it
+            if self._ahead is None:
+                ahead_tries = 0
             if loop.time() >= next_prune:
                 next_prune = loop.time() + self.prune_interval
                 self.db.prune()
