@@ -27,7 +27,7 @@ from moptd.daemon.runtime import CollectorRuntime
 from moptd.findings.service import EVENT_GAP, Diagnosis, build_diagnosis
 from moptd.store import SignalStore
 from tests.api_helpers import get, kmsg_writable, wait_for, wait_socket, write_xid79
-from tests.daemon_proc import DaemonProcess
+from tests.daemon_proc import DaemonProcess, seed_kernel_position
 
 pytestmark = [
     pytest.mark.root,
@@ -64,10 +64,17 @@ class Wired:
 
     def __init__(self, tmp: Path, clock: SystemClock, through_runtime: bool = True) -> None:
         self.store = SignalStore(clock)
-        self.kernel = KernelLogCollector(CollectorContext(options={}, state_dir=tmp))
+        # As the daemon wires it: the findings database keeps the kernel log's position,
+        # seeded at the newest record, so the backlog other tests left in this boot's ring
+        # (thousands of lines after the flood tests) is not read and diagnosed first.
+        (tmp / "state").mkdir(parents=True, exist_ok=True)
+        seed_kernel_position(tmp / "state")
+        self.diagnosis = build_diagnosis(self.store, tmp / "state", clock=clock)
+        self.kernel = KernelLogCollector(
+            CollectorContext(options={}, state_dir=tmp, positions=self.diagnosis.db)
+        )
         self.runtime = CollectorRuntime(self.store, {"kernel": (self.kernel, 5.0, 10.0)})
         self.kernel.ctx.publish = self.runtime.publish if through_runtime else self.store.add_events
-        self.diagnosis = build_diagnosis(self.store, tmp / "state", clock=clock)
         self.diagnosis.interval = 60.0
 
     async def __aenter__(self) -> Wired:
