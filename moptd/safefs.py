@@ -16,6 +16,21 @@ import stat
 from pathlib import Path
 
 
+def kind_of(mode: int) -> str:
+    """What a non-regular file is, for an error message ("FIFO", "directory", ...)."""
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device node"
+    if stat.S_ISLNK(mode):
+        return "symbolic link"
+    return "special file"
+
+
 class UnsafePath(OSError):
     """A path moptd will not write through; the message names it and says why."""
 

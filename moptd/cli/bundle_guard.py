@@ -18,6 +18,7 @@ import yaml
 
 from moptd import yamlsafe
 from moptd.cli.tar_scan import TarScanError, scan_tar
+from moptd.safefs import kind_of
 
 # An hour recorded at 5 s from 8 GPUs and 8 endpoints is about 6,500 files of well under
 # 1 MiB each; a kernel ring buffer is at most a few MiB, and `moptd record` keeps at most
@@ -156,14 +157,8 @@ def _file_kind(full: Path, mode: int) -> str:
         try:
             return f"symbolic link to {os.readlink(full)!r}"
         except OSError:
-            return "symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device node"
-    return "special file"
+            pass
+    return kind_of(mode)
 
 
 def _check_meta(path: Path, member: str, data: bytes) -> None:

@@ -25,6 +25,7 @@ from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.diagnose.expr import Compiler, Expr, ExprError
 from moptd.diagnose.model import Action, Branch, Rule, RuleSet, Verdict
 from moptd.durations import parse_duration
+from moptd.safefs import kind_of
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_][a-z0-9_]*)\s*\}\}")
 BUILTIN_PLACEHOLDERS = frozenset({"subject", "index", "pci_bus_id", "rule"})
@@ -156,7 +157,7 @@ def read_rule_file(path: Path) -> str:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise RuleFileRefused(f"not a regular file ({_kind(st.st_mode)}); not read")
+            raise RuleFileRefused(f"not a regular file (a {kind_of(st.st_mode)}); not read")
         if st.st_size > MAX_RULE_FILE_BYTES:
             raise RuleFileRefused(
                 f"{st.st_size} bytes, over the {MAX_RULE_FILE_BYTES}-byte limit for a rule file"
@@ -168,18 +169,6 @@ def read_rule_file(path: Path) -> str:
     if len(data) > MAX_RULE_FILE_BYTES:  # grew while we read it
         raise RuleFileRefused(f"over the {MAX_RULE_FILE_BYTES}-byte limit for a rule file")
     return data.decode("utf-8")
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "a special file"
 
 
 def _validate(doc: object, file: str) -> list[RuleError]:
