@@ -6,7 +6,6 @@ exists, else the defaults alone. Every error names the file, the line and the ke
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import stat
@@ -21,6 +20,7 @@ from moptd import yamlsafe
 from moptd.collector import Collector, OptionError
 from moptd.diagnose.loader import default_rules_dir
 from moptd.durations import format_duration, parse_duration
+from moptd.loopback import is_loopback
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
 # A full configuration with every key is a few KiB; anything near this is not one.
@@ -408,7 +408,7 @@ def _build(
         if listen is not None:
             _check_listen(listen, (key, "listen"))
     api_listen = m["api"]["listen"]
-    if api_listen is not None and not _is_loopback(split_listen(api_listen)[0]):
+    if api_listen is not None and not is_loopback(split_listen(api_listen)[0]):
         # reads on the TCP API need no token (findings, command lines): never off the host
         raise _KeyProblem(
             ("api", "listen"), 0, f"must be a loopback address (127.0.0.1, ::1), not {api_listen!r}"
@@ -501,15 +501,6 @@ def _check_listen(value: str, path: tuple[str, ...]) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise _KeyProblem(path, 0, f"must be host:port, not {value!r}")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def split_listen(value: str) -> tuple[str, int]:

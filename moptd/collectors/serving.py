@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from moptd.collector import (
     Unavailable,
 )
 from moptd.durations import parse_duration
+from moptd.loopback import is_loopback
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving import gates, proctree
 from moptd.serving.engines import ENGINES, EngineView, add_running_totals, read_page
@@ -121,21 +121,12 @@ def _check_endpoints(value: Any) -> None:
     _check(parse_endpoints)(value)
     for i, ep in enumerate(parse_endpoints(value, "")):
         host = urlsplit(ep.url).hostname or ""
-        if not _is_loopback(host):
+        if not is_loopback(host):
             # the trust model (docs/security.md): pages and probe answers come from this
             # host's own engines; another host's would be input from the network
             raise OptionError(
                 f"[{i}].url", f"must be a loopback URL (127.0.0.1, ::1, localhost), not {ep.url!r}"
             )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ServingCollector(Collector):
