@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
@@ -14,7 +15,7 @@ from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
 from moptd.collectors.nvml import NvmlCollector
-from moptd.daemon.exporter import SnapshotCollector, TextRenderer
+from moptd.daemon.exporter import MetricsEndpoint, SnapshotCollector, TextRenderer, accepts_gzip
 from moptd.observations import Batch, Sample, labels_of
 from moptd.store import SignalStore
 from tests.conftest import FIXTURES, require_tool
@@ -88,3 +89,105 @@ def test_promtool_accepts_the_eight_gpu_exposition(tmp_path):
     proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                           timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- the first scrape, and gzip ----------------------------------------------------------
+
+
+def test_every_collector_is_in_the_first_scrape_before_it_has_run(tmp_path):
+    """A scrape right after a restart names every enabled collector: success NaN while a
+    collector has not run (no `== 0` alert matches it), never an absent series."""
+    from moptd.collectors import registry
+    from moptd.config import load_config
+    from moptd.daemon.app import make_runtime
+
+    cfg = tmp_path / "moptd.yaml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\n")
+    config = load_config(cfg, registry())
+    store = SignalStore()
+    runtime = make_runtime(config, store)
+
+    async def started() -> bytes:
+        await runtime.start(loops=False)
+        try:
+            return TextRenderer().render(store.snapshot())
+        finally:
+            await runtime.stop()
+
+    text = asyncio.run(started()).decode()
+    success = {
+        line.split('collector="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
+        for line in text.splitlines()
+        if line.startswith("moptd_collector_success{")
+    }
+    assert set(success) == set(runtime.collectors), text
+    for name, value in success.items():
+        state = runtime.health[name].state
+        want = {"pending": "NaN", "unavailable": "0.0", "failed": "0.0"}[state]
+        assert value == want, (name, state, value)
+
+
+@pytest.mark.parametrize(
+    ("header", "gzip_ok"),
+    [
+        ("gzip", True),
+        ("gzip, deflate, br", True),  # what Prometheus and curl --compressed send
+        ("GZIP;q=0.5", True),
+        ("x-gzip", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("gzip;q=0, *", False),
+        ("deflate", False),
+        ("", False),
+        ("identity", False),
+        ("*;q=0", False),
+        ("gzip;q=nonsense", False),
+    ],
+)
+def test_accept_encoding_negotiation(header, gzip_ok):
+    assert accepts_gzip(header) is gzip_ok
+
+
+@given(st.text(max_size=300))
+@settings(max_examples=300, deadline=None)
+def test_accept_encoding_never_raises(header):
+    assert accepts_gzip(header) in (True, False)
+
+
+def test_metrics_endpoint_gzips_when_asked_and_only_then():
+    """Over a real socket: the gzip body decompresses to the plain one, byte for byte."""
+    import gzip
+    import urllib.request
+
+    from aiohttp import web
+
+    store = eight_gpu_store()
+    endpoint = MetricsEndpoint(store)
+
+    async def serve() -> tuple[bytes, dict[str, str], bytes, dict[str, str]]:
+        app = web.Application()
+        app.router.add_get("/metrics", endpoint.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+
+        def fetch(headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.read(), dict(resp.headers)
+
+        try:
+            zipped = await asyncio.to_thread(fetch, {"Accept-Encoding": "gzip"})
+            plain = await asyncio.to_thread(fetch, {})
+        finally:
+            await runner.cleanup()
+        return zipped[0], zipped[1], plain[0], plain[1]
+
+    zbody, zheaders, body, headers = asyncio.run(serve())
+    assert zheaders["Content-Encoding"] == "gzip"
+    assert "Content-Encoding" not in headers
+    assert gzip.decompress(zbody) == body
+    assert len(zbody) * 3 < len(body), (len(zbody), len(body))
+    assert zheaders["Vary"] == "Accept-Encoding"

@@ -47,6 +47,11 @@ def metrics_doc() -> str:
         "endpoint that goes away disappears from the output. `NotSupported` values are absent,",
         "not zero. The *signal* column is the name rules and `moptd explain` use.",
         "",
+        "Every enabled collector is in the output from the first scrape after a start: until it",
+        "has run once, `moptd_collector_success` is NaN (no `== 0` alert matches it). A scrape",
+        "that sends `Accept-Encoding: gzip` (Prometheus does) gets a gzip body, compressed once",
+        "per collection like the text itself (about 6 KB for the 28 KB of one 8-GPU host).",
+        "",
     ]
     groups: dict[str, list[Any]] = {}
     for spec in CATALOG.values():

@@ -8,7 +8,7 @@ SIGNALS = [
         "gauge",
         "bool",
         "1 if the collector's last run succeeded, 0 if it failed, timed out or found no "
-        "data source (see moptd_collector_unavailable).",
+        "data source (see moptd_collector_unavailable), NaN from start until its first run.",
         "collector",
         "moptd_collector_success",
     ),
@@ -16,7 +16,7 @@ SIGNALS = [
         "collector.duration",
         "gauge",
         "seconds",
-        "Wall time of the collector's last run.",
+        "Wall time of the collector's last run (NaN until its first run).",
         "collector",
         "moptd_collector_duration_seconds",
     ),

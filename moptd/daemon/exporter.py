@@ -7,6 +7,7 @@ hangs. Series of departed subjects vanish because the snapshot is rebuilt per pa
 
 from __future__ import annotations
 
+import gzip
 import platform
 from collections.abc import Iterator
 
@@ -179,12 +180,46 @@ class MetricsEndpoint:
         self.renderer = TextRenderer()
         self._version = -1
         self._body = b""
+        self._gzipped: bytes | None = None
 
     def render(self) -> bytes:
         if self._version != self.store.version:
             self._body = self.renderer.render(self.store.snapshot())
+            self._gzipped = None
             self._version = self.store.version
         return self._body
 
+    def render_gzip(self) -> bytes:
+        """The same body gzip-compressed, once per snapshot change like the body itself:
+        Prometheus asks for gzip on every scrape, and a 28 KB page compresses to about 6."""
+        body = self.render()
+        if self._gzipped is None:
+            # level 6 as Go's and node_exporter's default; mtime 0 keeps it reproducible
+            self._gzipped = gzip.compress(body, compresslevel=6, mtime=0)
+        return self._gzipped
+
     async def handle(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        headers = {"Content-Type": CONTENT_TYPE_LATEST, "Vary": "Accept-Encoding"}
+        if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(body=self.render_gzip(), headers=headers)
+        return web.Response(body=self.render(), headers=headers)
+
+
+def accepts_gzip(header: str) -> bool:
+    """RFC 9110 content negotiation for one coding: gzip listed with q > 0, or, where gzip
+    is not listed, ``*`` with q > 0."""
+    q_by_coding: dict[str, float] = {}
+    for part in header.split(","):
+        coding, *params = part.split(";")
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+        name = coding.strip().lower()
+        q_by_coding[{"x-gzip": "gzip"}.get(name, name)] = q
+    return q_by_coding.get("gzip", q_by_coding.get("*", 0.0)) > 0

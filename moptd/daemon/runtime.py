@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -20,6 +21,10 @@ from moptd.observations import Batch, Event, Sample
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
+
+
+# moptd_collector_success by state; "pending": started, not run yet (unknown, not a failure)
+_SUCCESS = {"ok": 1.0, "pending": math.nan}
 
 
 @dataclass
@@ -88,6 +93,11 @@ class CollectorRuntime:
             except Exception as exc:  # noqa: BLE001 - one collector must not stop the daemon
                 log.warning("collector %s failed to start: %s", name, exc)
                 self._set_state(self.health[name], "failed", f"start: {exc}", time.time())
+        # Every collector is in /metrics from the first scrape: one that has not run yet
+        # shows moptd_collector_success NaN (no `== 0` alert matches it), not an absence
+        # that reads like a broken exporter.
+        for health in self.health.values():
+            self._record_health(health, time.time())
         if not loops:
             return
         for name in self.collectors:
@@ -187,8 +197,8 @@ class CollectorRuntime:
         subject = f"collector:{h.name}"
         batch = Batch(
             samples=[
-                Sample("collector.success", subject, 1.0 if h.state == "ok" else 0.0),
-                Sample("collector.duration", subject, h.duration),
+                Sample("collector.success", subject, _SUCCESS.get(h.state, 0.0)),
+                Sample("collector.duration", subject, h.duration if h.runs else math.nan),
                 Sample("collector.unavailable", subject, 1.0 if h.state == "unavailable" else 0.0),
                 Sample("collector.failures", subject, float(h.failures)),
                 Sample(
