@@ -269,3 +269,29 @@ def test_any_interval_gives_a_bounded_finite_interval_or_a_config_error(value):
         assert message.startswith("moptd.yaml:2: key 'rules.interval': ")
     else:
         assert 0.1 <= cfg.rule_interval <= 86400
+
+
+def test_printed_configuration_loads_back_as_the_same_configuration(tmp_path):
+    """`moptd config > moptd.yaml` is a working configuration file; `--json` is one JSON
+    object (the old output put a comment line before the JSON)."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "MOPTD_CONFIG": ""}
+    def moptd(*argv: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "moptd", "config", *argv], env=env,
+                             capture_output=True, text=True, timeout=60, check=True)
+        return out.stdout
+
+    cfg = tmp_path / "moptd.yaml"
+    cfg.write_text("store: {retention: 2h}\napi: {socket_mode: 0640}\n")
+    printed = moptd("--config", str(cfg))
+    again = tmp_path / "again.yaml"
+    again.write_text(printed)
+    assert "socket_mode: 0640\n" in printed
+    first = json.loads(moptd("--config", str(cfg), "--json"))
+    second = json.loads(moptd("--config", str(again), "--json"))
+    assert first["source"] == str(cfg)
+    assert second["source"] == str(again)
+    assert first["config"] == second["config"]
+    assert first["config"]["store"]["retention"] == "2h"
+    assert first["config"]["api"]["socket_mode"] == 0o640

@@ -84,3 +84,40 @@ def test_malformed_test_file(rules_copy: Path, capsys: pytest.CaptureFixture[str
 
 def test_rules_without_action_prints_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rules"]) == 2
+
+
+def test_check_and_test_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["rules", "check", "--json", str(RULES)]) == 0
+    check = json.loads(capsys.readouterr().out)
+    assert check["ok"] is True
+    assert check["problems"] == []
+    assert check["rules"] > 10
+    assert main(["rules", "test", "--json", str(RULES)]) == 0
+    test = json.loads(capsys.readouterr().out)
+    assert test["ok"] is True
+    assert test["failures"] == []
+    assert test["errors"] == []
+    assert test["tests"] > 10
+    assert test["files"] > 1
+
+
+def test_check_json_names_file_line_and_problem(
+    rules_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    f = rules_copy / "host" / "host.rules.yaml"
+    f.write_text(
+        f.read_text().replace("node.memory_available_ratio < 0.05", "node.memory_free_ratio < 0.05")
+    )
+    assert main(["rules", "check", "--json", str(rules_copy)]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False
+    assert any(
+        p["file"].endswith("host.rules.yaml")
+        and p["line"] > 1
+        and "memory_free_ratio" in p["message"]
+        for p in out["problems"]
+    ), out

@@ -60,8 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--offline", action="store_true", help="do not ask the daemon; run one collection pass here"
     )
 
-    check = sub.add_parser("config", help="check and print the effective configuration")
+    check = sub.add_parser(
+        "config",
+        help="check and print the effective configuration",
+        description="Check the configuration and print the effective one (defaults filled "
+        "in) as YAML that loads back as a configuration file, or with --json as one "
+        'object {"source": ..., "config": {...}}.',
+    )
     _add_config(check)
+    check.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     # Further commands live in moptd/cli/cmd_<name>.py, each with
     # add_parser(subparsers) that sets `func` on its parser.
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

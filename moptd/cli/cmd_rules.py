@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="rule files or directories "
         "(default: the shipped rules); later paths override earlier ones by id",
     )
+    check.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     check.set_defaults(func=cmd_check)
     test = rsub.add_parser("test", help="run *.test.yaml rule tests (promtool-style)")
     test.add_argument(
@@ -35,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="do not require a firing and a silent test for every stable rule",
     )
+    test.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     test.set_defaults(func=cmd_test)
     p.set_defaults(func=lambda args: _usage(p))
 
@@ -42,6 +44,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _usage(p: argparse.ArgumentParser) -> int:
     p.print_help(sys.stderr)
     return EXIT_USAGE
+
+
+def _print_json(obj: dict[str, object]) -> None:
+    import json
+
+    json.dump(obj, sys.stdout, indent=1)
+    sys.stdout.write("\n")
 
 
 def _paths(args: argparse.Namespace) -> list[Path]:
@@ -55,6 +64,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     paths = _paths(args)
     errors, rules = lint(paths)
+    if args.json:
+        problems = [{"file": e.file, "line": e.line, "message": e.message} for e in errors]
+        _print_json({"ok": not errors, "rules": rules, "problems": problems})
+        return 1 if errors else 0
     for e in errors:
         print(e, file=sys.stderr)
     if errors:
@@ -69,6 +82,22 @@ def cmd_test(args: argparse.Namespace) -> int:
     from moptd.diagnose.testing import run_tests
 
     report = run_tests(_paths(args), require_coverage=not args.no_coverage, read_bundle=read_bundle)
+    if args.json:
+        _print_json(
+            {
+                "ok": report.ok,
+                "files": report.files,
+                "tests": report.tests,
+                "failures": [
+                    {"file": f.file, "line": f.line, "test": f.name, "message": f.message}
+                    for f in report.failures
+                ],
+                "errors": [
+                    {"file": e.file, "line": e.line, "message": e.message} for e in report.errors
+                ],
+            }
+        )
+        return 0 if report.ok else 1
     for e in report.errors:
         print(e, file=sys.stderr)
     for f in report.failures:

@@ -55,9 +55,25 @@ def cmd_config(args: argparse.Namespace) -> int:
     config = load(args)
     if config is None:
         return EXIT_USAGE
-    print(f"# effective configuration ({config.source})")
-    print(json.dumps(config.raw, indent=2, default=str))
+    if args.json:
+        json.dump({"source": config.source, "config": config.raw}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    sys.stdout.write(effective_yaml(config))
     return 0
+
+
+def effective_yaml(config: Config) -> str:
+    """The effective configuration as a configuration file: `moptd config > moptd.yaml`
+    loads back to the same configuration."""
+    import yaml
+
+    text = yaml.safe_dump(dict(config.raw), sort_keys=False, default_flow_style=False)
+    # permission bits read best in octal; YAML 1.1 (PyYAML, moptd's loader) reads 0660 so
+    mode = config.raw.get("api", {}).get("socket_mode")
+    if isinstance(mode, int):
+        text = text.replace(f"  socket_mode: {mode}\n", f"  socket_mode: 0{mode:o}\n", 1)
+    return f"# effective configuration ({config.source})\n" + text
 
 
 def cmd_status(args: argparse.Namespace) -> int:
