@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import grp
 import logging
 import os
@@ -29,6 +30,7 @@ from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
 from moptd.findings.service import Diagnosis
 from moptd.kernel.xid_tally import XidTally
+from moptd.proc.listeners import describe_holders
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
@@ -156,6 +158,11 @@ class Daemon:
         await self.diagnosis.start()
         try:
             await self._serve()
+        except ListenError as exc:
+            log.error("%s", exc)
+            await self._shutdown()
+            await self.diagnosis.stop()
+            return 1
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             await self._shutdown()
@@ -208,7 +215,10 @@ class Daemon:
             await runner.setup()
             self._runners.append(runner)
             host, port = split_listen(cfg.exporter_listen)
-            await CappedSite(runner, app[CAP], host=host, port=port).start()
+            try:
+                await CappedSite(runner, app[CAP], host=host, port=port).start()
+            except OSError as exc:
+                raise ListenError(listen_problem(cfg, "exporter.listen", exc)) from exc
             log.info("exporter listening on http://%s/metrics", cfg.exporter_listen)
         auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
         api_app = make_api_app(
@@ -238,13 +248,34 @@ class Daemon:
             host, port = split_listen(cfg.api_listen)
             # a budget of its own: a crowd on the port must not take the socket's room
             tcp_cap = api_app[CAP].for_listener()
-            await CappedSite(api, tcp_cap, host=host, port=port).start()
+            try:
+                await CappedSite(api, tcp_cap, host=host, port=port).start()
+            except OSError as exc:
+                raise ListenError(listen_problem(cfg, "api.listen", exc)) from exc
             log.info("API listening on http://%s/v1/", cfg.api_listen)
 
     async def _shutdown(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+
+
+class ListenError(Exception):
+    """moptd cannot listen on a configured TCP address; the text says which and why."""
+
+
+def listen_problem(cfg: Config, key: str, exc: OSError) -> str:
+    """What stops moptd from listening, for the log: the address, the configuration key
+    and where it was set, and, when the port is taken, who holds it."""
+    value = cfg.exporter_listen if key == "exporter.listen" else cfg.api_listen
+    where = "the default" if cfg.source == "<defaults>" else f"set in {cfg.source}"
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    text = f"cannot listen on {value} ({key}, {where}): {reason}"
+    if exc.errno == errno.EADDRINUSE and value:
+        _, port = split_listen(value)
+        text += f"; the port is {describe_holders(port)}"
+        text += f". Stop that process, or set {key} to a free host:port"
+    return text
 
 
 def _serving_collector(runtime: CollectorRuntime) -> ServingCollector | None:

@@ -1,0 +1,98 @@
+"""Who holds a listening TCP port: /proc/net/tcp{,6} and the processes' socket descriptors.
+
+Used when moptd itself cannot bind its exporter or API port, so the message names the
+process in the way (and says whether it is another moptd) instead of a bare EADDRINUSE.
+As a non-root user the descriptors of other users' processes are unreadable: then the
+holder is unknown, and the message says so rather than guessing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_LISTEN = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp prints it
+
+
+@dataclass(frozen=True, slots=True)
+class PortHolder:
+    pid: int
+    comm: str
+    cmdline: str
+
+    @property
+    def is_moptd(self) -> bool:
+        args = self.cmdline.split()
+        named = any(os.path.basename(a) == "moptd" for a in args[:3])
+        return self.comm == "moptd" or named or "-m moptd" in self.cmdline
+
+
+def listening_inodes(text: str, port: int) -> set[int]:
+    """Socket inodes of the LISTEN entries on `port` in a /proc/net/tcp or tcp6 text.
+    Lines that do not have the kernel's layout are skipped."""
+    inodes: set[int] = set()
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != _LISTEN:
+            continue
+        _, _, hexport = fields[1].rpartition(":")
+        try:
+            if int(hexport, 16) == port:
+                inodes.add(int(fields[9]))
+        except ValueError:
+            continue
+    return inodes
+
+
+def port_holders(port: int, proc: Path = Path("/proc")) -> list[PortHolder]:
+    """Processes with a descriptor on a socket listening on `port` (any address)."""
+    inodes: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            inodes |= listening_inodes((proc / "net" / name).read_text(), port)
+        except OSError:
+            continue
+    if not inodes:
+        return []
+    wanted = {f"socket:[{i}]" for i in inodes}
+    holders: list[PortHolder] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(entry / "fd")
+        except OSError:
+            continue  # gone, or another user's process
+        for fd in fds:
+            try:
+                target = os.readlink(entry / "fd" / fd)
+            except OSError:
+                continue
+            if target in wanted:
+                holders.append(_holder(entry))
+                break
+    return holders
+
+
+def _holder(entry: Path) -> PortHolder:
+    def read(name: str) -> str:
+        try:
+            return (entry / name).read_bytes()[:4096].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    cmdline = " ".join(read("cmdline").split("\0")).strip()
+    return PortHolder(int(entry.name), read("comm").strip(), cmdline)
+
+
+def describe_holders(port: int, proc: Path = Path("/proc")) -> str:
+    """One phrase for an error message: who holds the port."""
+    holders = port_holders(port, proc)
+    if not holders:
+        return "held by a process this user cannot see (run as root to name it: ss -ltnp)"
+    parts = [f"pid {h.pid} ({h.cmdline or h.comm})" for h in holders[:3]]
+    text = "held by " + ", ".join(parts)
+    if any(h.is_moptd for h in holders):
+        text += ": another moptd is running"
+    return text
