@@ -79,6 +79,7 @@ class Config:
     state_dir: Path
     log_level: str
     exporter_listen: str | None
+    exporter_web_config: Path | None
     api_socket: Path
     api_socket_mode: int
     api_group: str | None
@@ -112,6 +113,12 @@ SCHEMA: dict[str, Any] = {
             (str, type(None)),
             "127.0.0.1:9477",
             "host:port for Prometheus /metrics; null turns the exporter off.",
+        ),
+        "web_config_file": (
+            (str, type(None)),
+            None,
+            "TLS and basic auth for /metrics: a web configuration file in node_exporter's "
+            "format (docs/security.md); null serves plain HTTP.",
         ),
     },
     "api": {
@@ -445,6 +452,7 @@ def _build(
         state_dir=Path(m["state_dir"]).expanduser(),
         log_level=m["log_level"],
         exporter_listen=m["exporter"]["listen"],
+        exporter_web_config=Path(web) if (web := m["exporter"]["web_config_file"]) else None,
         api_socket=Path(m["api"]["socket"]).expanduser(),
         api_socket_mode=m["api"]["socket_mode"],
         api_group=m["api"]["group"],

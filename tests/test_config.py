@@ -40,7 +40,7 @@ def test_overrides_and_durations():
     ("text", "message"),
     [
         ("exporter:\n  listn: x\n",
-         "moptd.yaml:2: key 'exporter.listn': unknown key (known here: listen)"),
+         "moptd.yaml:2: key 'exporter.listn': unknown key (known here: listen, web_config_file)"),
         ("log_level: 3\n", "moptd.yaml:1: key 'log_level': must be string, not 3"),
         ("collectors:\n  host:\n    enabled: yes please\n",
          "moptd.yaml:3: key 'collectors.host.enabled': must be true/false, not 'yes please'"),

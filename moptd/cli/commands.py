@@ -55,6 +55,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     config = load(args)
     if config is None:
         return EXIT_USAGE
+    if config.exporter_web_config is not None:
+        from moptd.daemon.webconfig import load_web_config
+
+        try:
+            load_web_config(config.exporter_web_config)
+        except ConfigError as exc:
+            print(f"moptd: exporter.web_config_file: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     if args.json:
         json.dump({"source": config.source, "config": config.raw}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -18,7 +18,7 @@ from moptd.clock import SystemClock
 from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
 from moptd.collectors.serving import ServingCollector
-from moptd.config import Config, split_listen
+from moptd.config import Config, ConfigError, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
 from moptd.daemon.auth import ApiAuth, load_token
@@ -26,6 +26,7 @@ from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.http import CAP, CappedSite, capped_app, make_runner
 from moptd.daemon.managed import ManagedProcess, managed_process
 from moptd.daemon.runtime import CollectorRuntime
+from moptd.daemon.webconfig import BasicAuth, WebConfig, load_web_config
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
 from moptd.findings.service import Diagnosis
@@ -110,6 +111,7 @@ class Daemon:
         self.started = time.time()
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
+        self._web: WebConfig | None = None
 
     def _set_missing(self) -> None:
         self.rules.missing = missing_namespaces(self.runtime)
@@ -131,6 +133,14 @@ class Daemon:
                 log.exception("rule reload failed; the rules in force stay")
 
     async def run(self) -> int:
+        if self.config.exporter_web_config is not None:
+            # as node_exporter: a broken web configuration stops the start, never falls
+            # back to plain, unauthenticated HTTP
+            try:
+                self._web = load_web_config(self.config.exporter_web_config)
+            except ConfigError as exc:
+                log.error("exporter.web_config_file: %s", exc)
+                return 2
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -211,15 +221,24 @@ class Daemon:
             app = capped_app()
             app.router.add_get("/metrics", MetricsEndpoint(self.store).handle)
             app.router.add_get("/", _landing)
+            web_cfg = self._web
+            if web_cfg is not None and web_cfg.users:
+                app.middlewares.append(BasicAuth(web_cfg.users).middleware)
             runner = make_runner(app)
             await runner.setup()
             self._runners.append(runner)
             host, port = split_listen(cfg.exporter_listen)
+            tls = web_cfg.ssl_context if web_cfg is not None else None
             try:
-                await CappedSite(runner, app[CAP], host=host, port=port).start()
+                await CappedSite(runner, app[CAP], host=host, port=port, ssl=tls).start()
             except OSError as exc:
                 raise ListenError(listen_problem(cfg, "exporter.listen", exc)) from exc
-            log.info("exporter listening on http://%s/metrics", cfg.exporter_listen)
+            log.info(
+                "exporter listening on %s://%s/metrics%s",
+                "https" if tls else "http",
+                cfg.exporter_listen,
+                " (basic auth)" if web_cfg is not None and web_cfg.users else "",
+            )
         auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
         api_app = make_api_app(
             self.store, self.runtime, self.started, self.diagnosis, auth, self.managed

@@ -23,6 +23,7 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from ssl import SSLContext
 from typing import Any
 
 from aiohttp import web
@@ -268,13 +269,16 @@ class CappedSite(web.BaseSite):
         path: str | None = None,
         host: str | None = None,
         port: int | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         super().__init__(runner)
         self._cap, self._path, self._host, self._port = cap, path, host, port
+        self._tls = ssl
 
     @property
     def name(self) -> str:
-        return f"unix:{self._path}:" if self._path else f"http://{self._host}:{self._port}"
+        scheme = "https" if self._tls else "http"
+        return f"unix:{self._path}:" if self._path else f"{scheme}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -287,7 +291,12 @@ class CappedSite(web.BaseSite):
         else:
             assert self._port is not None, "a TCP site needs a port"
             self._server = await loop.create_server(
-                self._cap, self._host, self._port, backlog=self._backlog, reuse_address=True
+                self._cap,
+                self._host,
+                self._port,
+                backlog=self._backlog,
+                reuse_address=True,
+                ssl=self._tls,
             )
 
 
