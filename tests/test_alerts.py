@@ -28,6 +28,16 @@ def test_promtool_check_rules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_promtool_checks_and_tests_the_dcgm_recording_rules():
+    tool = require_tool("promtool")
+    recording = ALERTS.parent / "recording"
+    for args in (["check", "rules", "moptd-dcgm.rules.yaml"],
+                 ["test", "rules", "moptd-dcgm.rules.test.yaml"]):
+        result = subprocess.run([tool, *args], capture_output=True, text=True, check=False,
+                                cwd=recording)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_promtool_test_rules():
     result = promtool("test", "rules", "moptd.rules.test.yaml")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -32,6 +32,8 @@ from .conftest import REPO, require_tool
 pytestmark = pytest.mark.slow
 
 RULES = REPO / "grafana" / "alerts" / "moptd.rules.yaml"
+DCGM_RULES = REPO / "grafana" / "recording" / "moptd-dcgm.rules.yaml"
+DCGM_DASHBOARD = REPO / "tests" / "fixtures" / "dcgm-exporter" / "dcgm-exporter-dashboard.json"
 RATE_INTERVAL = "5s"  # Grafana's $__rate_interval for a 1 s scrape interval, rounded up
 
 
@@ -93,7 +95,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-RECORDING = REPO / "tests" / "fixtures" / "h200" / "nvml_recording_h200.jsonl"
+# the GPM recording (format 2): also the profiling fields, so the tensor and DRAM panels answer
+RECORDING = REPO / "tests" / "fixtures" / "h200" / "nvml_recording_h200_gpm.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +139,7 @@ def run_stack(tmp: Path, extra_config: str) -> Iterator[Stack]:
         tmp,
         {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES)],
+            "rule_files": [str(RULES), str(DCGM_RULES)],
             "scrape_configs": [
                 {
                     "job_name": "moptd",
@@ -212,10 +215,10 @@ def test_every_alert_rule_evaluates(stack):
     rules = stack.rules()
     names = {r["name"] for r in rules}
     expected = {
-        r["alert"]
-        for g in yaml.safe_load(RULES.read_text())["groups"]
+        r.get("alert") or r["record"]
+        for f in (RULES, DCGM_RULES)
+        for g in yaml.safe_load(f.read_text())["groups"]
         for r in g["rules"]
-        if "alert" in r
     }
     assert names == expected
     bad = [
@@ -289,3 +292,65 @@ def test_xid_79_in_the_kernel_log_fires_the_critical_finding_alert(stack):
     alerts = wait_for("MoptdFindingCritical with code GPU_LOST", firing, 45)
     assert alerts[0]["labels"]["instance"] == stack.moptd_target
     assert alerts[0]["annotations"]["runbook_url"].endswith("/docs/runbooks/GPU_LOST.md")
+
+
+# --- dcgm-exporter compatibility: grafana/recording/moptd-dcgm.rules.yaml ----------------
+
+
+def _dcgm_series(stack: Stack, name: str) -> list[dict[str, Any]]:
+    result = stack.query(f'{name}{{instance="{stack.moptd_target}"}}')
+    assert result["status"] == "success", result
+    return list(result["data"]["result"])
+
+
+def test_the_dcgm_exporter_dashboard_works_unchanged_on_moptd(gpu_stack):
+    """NVIDIA's own dcgm-exporter dashboard (copied verbatim): every panel query, with its
+    variables filled in as Grafana fills them, returns data from moptd's recording rules."""
+    import json
+
+    dashboard = json.loads(DCGM_DASHBOARD.read_text())
+    exprs = [
+        t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if t.get("expr")
+    ]
+    assert len(exprs) >= 8
+    instance = gpu_stack.moptd_target.replace(".", "\\\\.")
+    for expr in exprs:
+        query = expr.replace("$instance", instance).replace("$gpu", ".*")
+        result = wait_for(
+            f"data for {expr}",
+            lambda q=query: gpu_stack.query(q)["data"]["result"],
+            30,
+        )
+        assert result, expr
+    # the dashboard's variables: label_values(DCGM_FI_DEV_GPU_TEMP, gpu) finds both GPUs
+    gpus = {r["metric"]["gpu"] for r in _dcgm_series(gpu_stack, "DCGM_FI_DEV_GPU_TEMP")}
+    assert gpus == {"0", "1"}
+
+
+def test_dcgm_series_carry_dcgm_labels_and_units(gpu_stack):
+    """Checked against the real H200's own nvidia-smi -q (tests/fixtures/h200/nvsmi_idle.txt,
+    the same host as the recording): Max Clocks SM 1980 MHz; FB Memory Total 143771 MiB, which
+    NVML's v2 memory info splits into used + free + reserved."""
+    wait_for("the recording rules", lambda: _dcgm_series(gpu_stack, "DCGM_FI_DEV_FB_USED"), 30)
+    for s in _dcgm_series(gpu_stack, "DCGM_FI_DEV_MAX_SM_CLOCK"):
+        labels = s["metric"]
+        assert float(s["value"][1]) == 1980.0, s
+        assert labels["UUID"] == labels["uuid"]
+        assert labels["UUID"].startswith("GPU-")
+        assert labels["device"] == f"nvidia{labels['gpu']}"
+        assert labels["modelName"] == "NVIDIA H200"
+        assert labels["DCGM_FI_DRIVER_VERSION"]
+        assert labels["pci_bus_id"]
+    # one evaluation of one group records all three at the same instant
+    on = " + on (instance, job, gpu, uuid) "
+    total = gpu_stack.query(
+        on.join(
+            f'{name}{{instance="{gpu_stack.moptd_target}"}}'
+            for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+        )
+    )["data"]["result"]
+    assert {r["metric"]["gpu"] for r in total} == {"0", "1"}, total
+    for r in total:
+        assert abs(float(r["value"][1]) - 143771) < 1.0, total
+    for s in _dcgm_series(gpu_stack, "DCGM_FI_DEV_GPU_UTIL"):
+        assert 0.0 <= float(s["value"][1]) <= 100.0
