@@ -65,6 +65,16 @@ SIGNALS = [
         labels=("rule", "code", "severity", "subject"),
     ),
     SignalSpec(
+        "finding.first_action",
+        "info",
+        "",
+        "The first action of each firing finding, in the action label (at most 200 "
+        "characters); value 1. Alert annotations read it (grafana/alerts).",
+        "node",
+        "moptd_finding_first_action_info",
+        labels=("rule", "subject", "action"),
+    ),
+    SignalSpec(
         "finding.pending",
         "gauge",
         "bool",

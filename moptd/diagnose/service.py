@@ -22,6 +22,10 @@ from moptd.store import SignalStore
 log = logging.getLogger(__name__)
 
 
+# moptd_finding_first_action_info's action label: a command line fits; a page of text does not
+FIRST_ACTION_CHARS = 200
+
+
 class RuleService:
     def __init__(
         self,
@@ -166,6 +170,10 @@ class RuleService:
             signal = "finding.active" if f.state == "firing" else "finding.pending"
             labels = labels_of(rule=f.rule, code=f.code, severity=f.severity, subject=f.subject)
             batch.add(signal, NODE, 1.0, labels)
+            if f.state == "firing" and f.actions:
+                action = f.actions[0][:FIRST_ACTION_CHARS]
+                first = labels_of(rule=f.rule, subject=f.subject, action=action)
+                batch.add("finding.first_action", NODE, 1.0, first)
         for rid in self._failing:
             batch.add("rules.failing", NODE, 1.0, labels_of(rule=rid))
         for rid, n in self.evaluation_errors.items():
