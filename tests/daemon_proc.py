@@ -59,17 +59,21 @@ def seed_kernel_position(state_dir: Path) -> None:
 
 class DaemonProcess:
     def __init__(self, tmp: Path, extra: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, kernel_from_now: bool = True) -> None:
+                 env: dict[str, str] | None = None, kernel_from_now: bool = True,
+                 wrap: tuple[str, ...] = (), host: str = "127.0.0.1") -> None:
         """kernel_from_now: a new state directory starts with the kernel log's position at
         its newest record (see seed_kernel_position); False for a true first start, which
-        reads the whole boot."""
+        reads the whole boot. wrap: a command line prefix (``ip netns exec NS``) and host:
+        the exporter's address there."""
+        self.wrap = wrap
+        self.host = host
         self.kernel_from_now = kernel_from_now
         self.port = free_port()
         self.state_dir = tmp / "state"
         self.socket = tmp / "api.sock"
         config: dict[str, Any] = {
             "state_dir": str(self.state_dir),
-            "exporter": {"listen": f"127.0.0.1:{self.port}"},
+            "exporter": {"listen": f"{host}:{self.port}"},
             "api": {"socket": str(self.socket)},
         }
         for key, value in (extra or {}).items():
@@ -85,7 +89,7 @@ class DaemonProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, *args: str) -> DaemonProcess:
         if self.kernel_from_now and not (self.state_dir / "findings.db").exists():
@@ -93,7 +97,8 @@ class DaemonProcess:
             seed_kernel_position(self.state_dir)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moptd", "run", "--config", str(self.config_path), *args],
+            [*self.wrap, sys.executable, "-m", "moptd", "run", "--config", str(self.config_path),
+             *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
         )
         return self

@@ -28,13 +28,17 @@ def test_promtool_check_rules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_checks_and_tests_the_dcgm_recording_rules():
+@pytest.mark.parametrize("name", ["moptd-dcgm", "moptd-fleet"])
+def test_promtool_checks_and_tests_the_recording_rules(name):
     tool = require_tool("promtool")
     recording = ALERTS.parent / "recording"
-    for args in (["check", "rules", "moptd-dcgm.rules.yaml"],
-                 ["test", "rules", "moptd-dcgm.rules.test.yaml"]):
-        result = subprocess.run([tool, *args], capture_output=True, text=True, check=False,
-                                cwd=recording)
+    for args in (
+        ["check", "rules", f"{name}.rules.yaml"],
+        ["test", "rules", f"{name}.rules.test.yaml"],
+    ):
+        result = subprocess.run(
+            [tool, *args], capture_output=True, text=True, check=False, cwd=recording
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
 
