@@ -14,7 +14,7 @@ from moptd.bundle import read_bundle
 from moptd.diagnose.loader import default_rules_dir
 from moptd.diagnose.replay import replay
 from moptd.serving.bundle import read_serving_dir
-from moptd.serving.logparse import parse_line, split_prefix
+from moptd.serving.logparse import LogState, parse_line, split_prefix
 from moptd.serving.oom import bare_oom
 from tests.conftest import FIXTURES
 
@@ -64,6 +64,17 @@ CASES = [
         {"TRT_ENGINE_INCOMPATIBLE"},
         {"CUDA_ARCH_UNSUPPORTED"},
     ),
+    (
+        "trt-engine-incompatible/tensorrt-2041.txt",
+        {"TRT_ENGINE_INCOMPATIBLE"},
+        {"CUDA_DRIVER_TOO_OLD", "DRIVER_VERSION_MISMATCH"},
+    ),
+    # "Available KV cache memory: -2.14 GiB": nothing left for the cache, no OOM
+    ("vllm-kv-negative-available/log.txt", {"KV_CACHE_CAPACITY_INSUFFICIENT"}, OOMS),
+    # a release that prints no exit code after "died unexpectedly"
+    ("vllm-worker-died-no-exit-code/log.txt", {"ENGINE_DEAD"}, OOMS),
+    # get_open_port's and torch.distributed's binds are internal ports, not the serving port
+    ("vllm-internal-port-in-use/log.txt", set(), {"PORT_CONFLICT"} | OOMS),
     # healthy stats lines and a single preemption warning diagnose nothing
     ("vllm-v0-stats-light/log.txt", set(), {"KV_CACHE_PRESSURE", "PREEMPTION_STORM"} | OOMS),
     ("vllm-v0-preemption/log.txt", set(), {"PREEMPTION_STORM"} | OOMS),
@@ -153,6 +164,25 @@ def test_docker_compose_and_v0_prefixes_are_split() -> None:
         "\x1b[0;36m(APIServer pid=3604781)\x1b[0;0m INFO 12-28 10:00:01 [api_server.py:1] x"
     )
     assert (head["proc"], head["ts"], msg) == ("APIServer", "12-28 10:00:01", "x")
+
+
+def test_address_in_use_is_the_serving_port_unless_an_internal_bind_raised_it() -> None:
+    lines = (PASTE / "vllm-internal-port-in-use" / "log.txt").read_text().splitlines()
+    oserror = next(line for line in lines if line.startswith("OSError"))
+    rec = parse_line(oserror)
+    assert rec is not None
+    assert rec.fields["kind"] == "port_in_use"  # alone, the line names no port
+    state = LogState()
+    kinds = []
+    for line in lines:
+        state.observe(line)
+        r = parse_line(line)
+        if r is not None:
+            state.update(r)
+            kinds.append(state.event_fields(r)["kind"])
+    assert kinds == ["internal_port_in_use"]
+    state.observe("Traceback (most recent call last):")  # a new traceback forgets it
+    assert state.event_fields(rec)["kind"] == "port_in_use"
 
 
 def test_memory_words_that_are_no_cuda_oom() -> None:

@@ -378,7 +378,9 @@ SIGNALS += [
         "startup_error",
         "A start-up failure in the log: tokenizer, port_in_use, oom_on_load, kv_no_memory (no "
         "memory left for KV-cache blocks), kv_too_small (the KV cache holds less than one "
-        "max_model_len sequence), gpu_memory_taken.",
+        "max_model_len sequence), gpu_memory_taken; internal_port_in_use when 'Address "
+        "already in use' came from an internal port (vLLM's get_open_port, torch.distributed's "
+        "store), not the serving port.",
         ("kind",),
     ),
     _e(

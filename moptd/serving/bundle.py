@@ -118,6 +118,7 @@ def _read_log(
                 t = datetime(year, mo, d, h, mi, s, tzinfo=UTC).timestamp()
             except ValueError:
                 pass  # 02-29 in another year: keep the previous time
+        state.observe(line)
         rec = parse_line(line)
         if rec is None:
             continue

@@ -29,7 +29,7 @@ _KV_SIZE = re.compile(r"(?P<dev>[A-Z+ a-z]+?) KV cache size: (?P<tokens>[\d,]+) 
 _MAX_CONC = re.compile(
     r"Maximum concurrency for (?P<per_req>[\d,]+) tokens per request: (?P<conc>[\d.,]+)x"
 )
-_KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+_KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) GiB")
 _GRAPH_DONE = re.compile(
     r"Graph capturing finished in (?P<secs>[\d.]+) secs?, took (?P<gib>[\d.]+) GiB"
 )
@@ -39,8 +39,9 @@ _VERSION = re.compile(
 )
 _WATCHDOG = re.compile(r"\[Watchdog\]\s*Dumped stack to (?P<path>\S+) due to (?P<why>.*)")
 _SHM = re.compile(r"No available shared memory broadcast block found in (?P<secs>\d+) seconds?")
+# "(exit code: N)" since 0.10; earlier releases print none
 _WORKER_DIED = re.compile(
-    r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)\)"
+    r"Worker proc (?P<name>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"
 )
 
 
@@ -65,6 +66,15 @@ def _kv_capacity(msg: str) -> LogRecord | None:
         out["max_concurrency"] = number(conc.group("conc"))
         out["tokens_per_request"] = number(conc.group("per_req"))
     return LogRecord("serving.kv_capacity", out)
+
+
+def _kv_memory(msg: str) -> LogRecord | None:
+    """vLLM's profiling result: nothing (or less than nothing) left for the KV cache means
+    the engine refuses to start (it raises 'No available memory for the cache blocks')."""
+    m = _KV_MEM.search(msg)
+    if m is None or number(m.group("gib")) > 0:
+        return None
+    return LogRecord("serving.startup_error", {"kind": "kv_no_memory"})
 
 
 def _graphs(msg: str) -> LogRecord | None:
@@ -157,6 +167,8 @@ _CUDA_ERRORS = (
     ("The NVIDIA driver on your system is too old", "driver_too_old"),
     ("engine plan file is not compatible with this version of TensorRT", "trt_engine_version"),
     ("engine plan file is generated on an incompatible device", "trt_engine_device"),
+    # TensorRT 8's serialisation check ("stdVersionRead == serializationVersion failed.")
+    ("Version tag does not match", "trt_engine_version"),
 )
 
 
@@ -211,6 +223,8 @@ def _version(msg: str) -> LogRecord | None:
 _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     *log_parsers(),  # the engines' own lines first (vLLM's stats line, SGLang's decode batch)
     ("KV cache size", _kv_capacity),
+    ("Available KV cache memory: -", _kv_memory),
+    ("Available KV cache memory: 0", _kv_memory),
     ("Maximum concurrency", _kv_capacity),
     ("ager", _graphs),
     ("raph", _graphs),
@@ -228,6 +242,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("driver version is insufficient", _cuda_error),
     ("driver on your system is too old", _cuda_error),
     ("engine plan file", _cuda_error),
+    ("Version tag does not match", _cuda_error),
     ("tokenizer", _startup_error),
     ("already in use", _startup_error),
     ("bind on address", _startup_error),
@@ -282,6 +297,17 @@ class LogState:
     # its interval. None until the log said anything about preemptions.
     stats_by_engine: dict[str, dict[str, object]] = field(default_factory=dict)
     preemptions_total: float | None = None
+    # The current traceback went through vLLM's get_open_port or torch.distributed's store:
+    # both bind an internal port (any free one), so its "Address already in use" is not the
+    # serving port (vllm#11617).
+    internal_bind: bool = False
+
+    def observe(self, line: str) -> None:
+        """Every line, parsed or not, before ``update``: the context a record needs."""
+        if "Traceback (most recent call last)" in line:
+            self.internal_bind = False
+        elif "get_open_port" in line or "_create_c10d_store" in line:
+            self.internal_bind = True
 
     def update(self, rec: LogRecord, t: float | None = None) -> None:
         f = rec.fields
@@ -324,4 +350,10 @@ class LogState:
         says whether the engine was still starting when it was printed (phase)."""
         if rec.stream == "serving.hang":
             return {**rec.fields, "phase": "loading" if self.loading else "serving"}
+        if (
+            rec.stream == "serving.startup_error"
+            and rec.fields.get("kind") == "port_in_use"
+            and self.internal_bind
+        ):
+            return {**rec.fields, "kind": "internal_port_in_use"}
         return dict(rec.fields)
