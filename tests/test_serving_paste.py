@@ -71,6 +71,7 @@ CASES = [
     ),
     # "Available KV cache memory: -2.14 GiB": nothing left for the cache, no OOM
     ("vllm-kv-negative-available/log.txt", {"KV_CACHE_CAPACITY_INSUFFICIENT"}, OOMS),
+    ("sglang-kv-not-enough-memory/log.txt", {"KV_CACHE_CAPACITY_INSUFFICIENT"}, OOMS),
     # a release that prints no exit code after "died unexpectedly"
     ("vllm-worker-died-no-exit-code/log.txt", {"ENGINE_DEAD"}, OOMS),
     # get_open_port's and torch.distributed's binds are internal ports, not the serving port

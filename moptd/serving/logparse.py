@@ -140,6 +140,8 @@ def _startup_error(msg: str) -> LogRecord | None:
         ("No available memory for the cache blocks", "kv_no_memory"),
         ("larger than the maximum number of tokens that can be stored in KV cache", "kv_too_small"),
         ("KV cache is needed, which is larger than the available KV cache memory", "kv_too_small"),
+        # SGLang's KV pool (max_total_num_tokens <= 0), model_runner.py
+        ("Not enough memory. Please try to increase --mem-fraction-static", "kv_no_memory"),
         ("is less than desired GPU memory utilization", "gpu_memory_taken"),
     ):
         if needle in msg:
