@@ -244,3 +244,17 @@ def test_long_repetitive_lines_stay_cheap(unit: str, times: int) -> None:
     line = unit * times
     split_prefix(line)
     parse_line(line + " out of memory")
+
+
+@given(st.lists(st.integers(0, 999), max_size=200))
+def test_stats_of_many_engines_stay_bounded(engines: list[int]) -> None:
+    state = LogState()
+    for n in engines:
+        rec = parse_line(
+            f"Engine {n:03d}: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+            "1.0 tokens/s, Running: 1 reqs, Waiting: 2 reqs, GPU KV cache usage: 3.0%"
+        )
+        assert rec is not None
+        state.update(rec)
+    assert len(state.stats_by_engine) <= 64
+    assert state.preemptions_total == (0.0 if engines else None)
