@@ -294,7 +294,9 @@ def test_real_fragmentation_oom() -> None:
     assert oom.this_process == pytest.approx(139.78 * GIB)
     assert oom.allocated == pytest.approx(48.75 * GIB)
     assert oom.reserved_unallocated == pytest.approx(90.53 * GIB)
-    assert oom.fragmentation
+    # 90.53 of the 139.28 GiB PyTorch reserved is stranded: the rule's "large share"
+    assert oom.reserved_unallocated_share == pytest.approx(90.53 / (48.75 + 90.53), abs=1e-3)
+    assert oom.fields()["form"] == "pytorch"
 
 
 def test_real_plain_oom() -> None:
@@ -303,7 +305,7 @@ def test_real_plain_oom() -> None:
     assert oom.requested == 200 * GIB
     assert oom.reserved_unallocated == 0
     assert oom.allocated == 0
-    assert not oom.fragmentation
+    assert oom.reserved_unallocated_share == 0.0
 
 
 def test_private_pools_other_processes_and_allowed() -> None:
@@ -321,7 +323,7 @@ def test_private_pools_other_processes_and_allowed() -> None:
     assert oom.other_processes == 10 * GIB
     assert oom.private_pools == 8 * GIB
     assert oom.allowed == 70 * GIB
-    assert not oom.fragmentation
+    assert oom.reserved_unallocated_share == pytest.approx(0.5 / 60.5)
 
 
 def test_legacy_and_transitional_formats() -> None:
@@ -333,7 +335,8 @@ def test_legacy_and_transitional_formats() -> None:
     oom = parse_oom(legacy)
     assert oom is not None
     assert oom.reserved_unallocated == pytest.approx(0.36 * GIB)
-    assert oom.fragmentation  # 0.36 GiB stranded >= 74 MiB asked
+    # 0.36 of 9.83 GiB reserved: not "reserved >> allocated", the old message's own test
+    assert oom.reserved_unallocated_share == pytest.approx(0.36 / 9.83, abs=1e-3)
     typo = (
         "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacty of 23.69 GiB "
         "of which 7.11 GiB is free. Process 2006998 has 256.00 MiB memory in use. Including "
@@ -343,7 +346,7 @@ def test_legacy_and_transitional_formats() -> None:
     oom2 = parse_oom(typo)
     assert oom2 is not None
     assert oom2.requested == 8 * GIB
-    assert not oom2.fragmentation
+    assert oom2.reserved_unallocated_share < 0.001
 
 
 _size = st.tuples(
@@ -368,10 +371,10 @@ def test_current_format_round_trip(req, total, free, alloc, unalloc, gpu) -> Non
     assert oom.gpu == gpu
     assert oom.requested == pytest.approx(parse_size(_fmt(req)))
     assert oom.reserved_unallocated == pytest.approx(parse_size(_fmt(unalloc)))
-    assert oom.fragmentation == (oom.reserved_unallocated >= oom.requested) or (
-        oom.reserved_unallocated >= max(0.5 * GIB, 0.05 * oom.total)
-        and oom.reserved_unallocated + oom.free >= oom.requested
-    )
+    share = oom.reserved_unallocated_share
+    assert 0.0 <= share <= 1.0
+    reserved = oom.allocated + oom.reserved_unallocated
+    assert share == (pytest.approx(oom.reserved_unallocated / reserved) if reserved else 0.0)
 
 
 @given(st.text(max_size=400))
@@ -502,7 +505,7 @@ def test_oom_in_a_vllm_traceback_line() -> None:
     )
     assert rec is not None
     assert rec.stream == "serving.cuda_oom"
-    assert rec.fields["fragmentation"] is False
+    assert rec.fields["reserved_unallocated_share"] == 0.0
 
 
 @given(st.text(max_size=500))

@@ -309,8 +309,25 @@ SIGNALS += [
     ),
     _e(
         "log_stats",
-        "The engine's periodic stats log line (vLLM loggers.py, SGLang decode batch).",
-        ("engine", "prompt_tps", "gen_tps", "running", "waiting", "preemptions", "kv_usage"),
+        "The engine's periodic stats log line (vLLM loggers.py, V0 metrics.py, SGLang decode "
+        "batch); preemptions are those of the interval (vLLM >= 0.15), swapped V0's requests "
+        "swapped out to the CPU.",
+        (
+            "engine",
+            "prompt_tps",
+            "gen_tps",
+            "running",
+            "waiting",
+            "preemptions",
+            "kv_usage",
+            "swapped",
+        ),
+    ),
+    _e(
+        "preemption",
+        "vLLM V0's preemption warning (the first and every 50th preemption): mode recompute "
+        "or swap, total the engine's cumulative count.",
+        ("mode", "total"),
     ),
     _e(
         "engine_dead",
@@ -320,9 +337,12 @@ SIGNALS += [
     ),
     _e(
         "cuda_oom",
-        "A PyTorch CUDA out-of-memory message, in bytes; fragmentation is true when memory "
-        "reserved-but-unallocated could have held the request.",
+        "A CUDA out-of-memory message: form pytorch (the caching allocator's, its numbers in "
+        "bytes; reserved_unallocated_share is reserved-but-unallocated over all PyTorch "
+        "reserved), cuda_runtime (CUDA error: out of memory), tensorrt_llm or tensorrt; the "
+        "numbers a form does not print read -1.",
         (
+            "form",
             "gpu",
             "requested_bytes",
             "total_bytes",
@@ -332,8 +352,16 @@ SIGNALS += [
             "private_pool_bytes",
             "process_bytes",
             "other_process_bytes",
-            "fragmentation",
+            "reserved_unallocated_share",
         ),
+    ),
+    _e(
+        "cuda_error",
+        "A CUDA error in the serving log that is no OOM: illegal_address (an illegal memory "
+        "access), no_kernel_image / arch_not_in_build (the build lacks this GPU's "
+        "architecture), driver_too_old (driver older than the CUDA runtime), "
+        "trt_engine_version / trt_engine_device (a TensorRT engine built elsewhere).",
+        ("kind",),
     ),
     _e(
         "cuda_graphs",
@@ -348,8 +376,11 @@ SIGNALS += [
     ),
     _e(
         "startup_error",
-        "A start-up failure in the log: tokenizer, port_in_use, oom_on_load, kv_no_memory, "
-        "gpu_memory_taken.",
+        "A start-up failure in the log: tokenizer, port_in_use, oom_on_load, kv_no_memory (no "
+        "memory left for KV-cache blocks), kv_too_small (the KV cache holds less than one "
+        "max_model_len sequence), gpu_memory_taken; internal_port_in_use when 'Address "
+        "already in use' came from an internal port (vLLM's get_open_port, torch.distributed's "
+        "store), not the serving port.",
         ("kind",),
     ),
     _e(

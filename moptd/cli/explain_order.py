@@ -55,9 +55,25 @@ SAME_SUBJECT: dict[str, frozenset[str]] = {
     "ENGINE_DEAD": frozenset({"SERVING_DOWN", "SCHEDULER_STALL"}),
     "PORT_CONFLICT": frozenset({"SERVING_DOWN"}),
     "TOKENIZER_MISSING": frozenset({"SERVING_DOWN", "ENGINE_DEAD"}),
+    # the engine could not start or lost its CUDA context: it then dies and stops answering
+    "KV_CACHE_CAPACITY_INSUFFICIENT": frozenset({"ENGINE_DEAD", "SERVING_DOWN"}),
+    "CUDA_ILLEGAL_ADDRESS": frozenset({"ENGINE_DEAD", "SERVING_DOWN"}),
+    "CUDA_ARCH_UNSUPPORTED": frozenset({"ENGINE_DEAD", "SERVING_DOWN"}),
+    "CUDA_DRIVER_TOO_OLD": frozenset({"ENGINE_DEAD", "SERVING_DOWN"}),
+    "TRT_ENGINE_INCOMPATIBLE": frozenset({"ENGINE_DEAD", "SERVING_DOWN"}),
 }
 
-LAYER_ORDER = ("driver", "hardware", "container", "host", "memory", "model", "framework", "moptd")
+LAYER_ORDER = (
+    "driver",
+    "hardware",
+    "container",
+    "host",
+    "compiler",
+    "memory",
+    "model",
+    "framework",
+    "moptd",
+)
 SEVERITY_ORDER = ("critical", "warning", "info")
 
 

@@ -165,6 +165,14 @@ CODES: dict[str, Code] = {
             "while nvidia.ko works: GPUDirect Storage/RDMA unavailable"
         ),
     ),
+    "CUDA_DRIVER_TOO_OLD": Code(
+        "driver",
+        "critical",
+        (
+            "the serving stack's CUDA runtime is newer than the loaded driver supports "
+            '("CUDA driver version is insufficient for CUDA runtime version")'
+        ),
+    ),
     "CONTAINER_RUNTIME_NOT_CONFIGURED": Code(
         "container",
         "warning",
@@ -174,6 +182,23 @@ CODES: dict[str, Code] = {
         "container",
         "critical",
         "CDI spec names a driver version other than the running one (after a driver upgrade)",
+    ),
+    "CUDA_ARCH_UNSUPPORTED": Code(
+        "compiler",
+        "critical",
+        (
+            "the serving stack's CUDA binaries (PyTorch, vLLM, TensorRT) carry no kernels for "
+            'this GPU\'s compute capability ("no kernel image is available", "sm_120 is not '
+            'compatible with the current PyTorch installation")'
+        ),
+    ),
+    "TRT_ENGINE_INCOMPATIBLE": Code(
+        "compiler",
+        "critical",
+        (
+            "a TensorRT / TensorRT-LLM engine was built for another TensorRT version, GPU "
+            "architecture or plugin set than this host runs (plan deserialisation fails)"
+        ),
     ),
     "SERVING_DOWN": Code(
         "framework",
@@ -235,6 +260,15 @@ CODES: dict[str, Code] = {
         "critical",
         "the serving port is held by another process",
     ),
+    "CUDA_ILLEGAL_ADDRESS": Code(
+        "framework",
+        "critical",
+        (
+            "a kernel of the serving process hit an illegal memory access (a sticky CUDA error: "
+            "the process must restart); a software fault unless Xid 48/79-class errors come "
+            "with it"
+        ),
+    ),
     "TOKENIZER_MISSING": Code(
         "model",
         "critical",
@@ -244,6 +278,15 @@ CODES: dict[str, Code] = {
         "model",
         "info",
         "weights in a pickle format (.bin/.pt/.pth) rather than safetensors",
+    ),
+    "KV_CACHE_CAPACITY_INSUFFICIENT": Code(
+        "model",
+        "critical",
+        (
+            "the engine refuses to start: the KV cache that fits its GPU-memory budget is empty "
+            "or smaller than one max_model_len sequence (give it more memory or lower "
+            "max_model_len; not an OOM)"
+        ),
     ),
     "CUDA_OOM": Code(
         "memory",
@@ -289,6 +332,6 @@ CODES: dict[str, Code] = {
 }
 
 # The layers a rule may declare; moptd's own health (layer "moptd") is no rule's.
-LAYERS = ("hardware", "driver", "container", "framework", "model", "memory", "host")
+LAYERS = ("hardware", "driver", "container", "compiler", "framework", "model", "memory", "host")
 # The layers whose codes the default rules in this repository must all reach.
 ENGINE_LAYERS = ("hardware", "driver", "container", "host")

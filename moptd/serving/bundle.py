@@ -21,7 +21,7 @@ from moptd.serving.engines import view_from_samples
 from moptd.serving.gates import classify_names
 from moptd.serving.logparse import LogState, parse_line, split_prefix
 from moptd.serving.promtext import PromParseError, parse
-from moptd.serving.signals import HistogramWindow, fill_view
+from moptd.serving.signals import HistogramWindow, fill_from_log, fill_view
 from moptd.serving.spec import flag_value
 
 FILES = ("metrics/", "log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
@@ -118,14 +118,24 @@ def _read_log(
                 t = datetime(year, mo, d, h, mi, s, tzinfo=UTC).timestamp()
             except ValueError:
                 pass  # 02-29 in another year: keep the previous time
+        state.observe(line)
         rec = parse_line(line)
         if rec is None:
             continue
         state.update(rec, t)
+        if first is None and rec.stream in _LOG_SIGNALS:
+            # No metrics page in the bundle: the log's stats lines stand in for it
+            b = Batch()
+            fill_from_log(b, subject, state)
+            out.observations.append((t, b))
         if rec.stream == "serving.engine_dead" and state.shutting_down:
             continue
         out.events.append(Event(rec.stream, subject, t, state.event_fields(rec), line[:1000]))
     return state
+
+
+# The log records that carry what a metrics page would (fill_from_log).
+_LOG_SIGNALS = frozenset({"serving.log_stats", "serving.preemption"})
 
 
 def _read_cmdline(f: Path, subject: str, state: LogState, b: Batch, out: ServingReplay) -> None:

@@ -14,18 +14,22 @@ from dataclasses import dataclass, field
 
 from moptd.serving.engines import log_parsers
 from moptd.serving.logrecord import LogRecord, MessageParser, number
-from moptd.serving.oom import parse_oom
+from moptd.serving.oom import bare_fields, bare_oom, parse_oom
 
+# vLLM's prefix: V1 ``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file:line] ``, V0
+# ``LEVEL MM-DD HH:MM:SS file:line] ``; in a paste often behind docker compose's
+# ``service-1  | `` and with the process name coloured.
 _PREFIX = re.compile(
-    r"^(?:\x1b\[[0-9;]*m)?(?:\((?P<proc>[A-Za-z0-9_]+) pid=(?P<pid>\d+)\) )?"
+    r"^(?:\x1b\[[0-9;]*m)?(?:[\w.-]+ +\| )?(?:\x1b\[[0-9;]*m)?"
+    r"(?:\((?P<proc>[A-Za-z0-9_]+) pid=(?P<pid>\d+)\)(?:\x1b\[[0-9;]*m)? )?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
-    r"\[(?P<file>[^\]:]+):(?P<line>\d+)\] )?(?P<msg>.*)$"
+    r"\[?(?P<file>[^\]:\s]+):(?P<line>\d+)\] )?(?P<msg>.*)$"
 )
 _KV_SIZE = re.compile(r"(?P<dev>[A-Z+ a-z]+?) KV cache size: (?P<tokens>[\d,]+) tokens")
 _MAX_CONC = re.compile(
     r"Maximum concurrency for (?P<per_req>[\d,]+) tokens per request: (?P<conc>[\d.,]+)x"
 )
-_KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+_KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) GiB")
 _GRAPH_DONE = re.compile(
     r"Graph capturing finished in (?P<secs>[\d.]+) secs?, took (?P<gib>[\d.]+) GiB"
 )
@@ -35,8 +39,9 @@ _VERSION = re.compile(
 )
 _WATCHDOG = re.compile(r"\[Watchdog\]\s*Dumped stack to (?P<path>\S+) due to (?P<why>.*)")
 _SHM = re.compile(r"No available shared memory broadcast block found in (?P<secs>\d+) seconds?")
+# "(exit code: N)" since 0.10; earlier releases print none
 _WORKER_DIED = re.compile(
-    r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)\)"
+    r"Worker proc (?P<name>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"
 )
 
 
@@ -61,6 +66,15 @@ def _kv_capacity(msg: str) -> LogRecord | None:
         out["max_concurrency"] = number(conc.group("conc"))
         out["tokens_per_request"] = number(conc.group("per_req"))
     return LogRecord("serving.kv_capacity", out)
+
+
+def _kv_memory(msg: str) -> LogRecord | None:
+    """vLLM's profiling result: nothing (or less than nothing) left for the KV cache means
+    the engine refuses to start (it raises 'No available memory for the cache blocks')."""
+    m = _KV_MEM.search(msg)
+    if m is None or number(m.group("gib")) > 0:
+        return None
+    return LogRecord("serving.startup_error", {"kind": "kv_no_memory"})
 
 
 def _graphs(msg: str) -> LogRecord | None:
@@ -117,10 +131,17 @@ def _startup_error(msg: str) -> LogRecord | None:
     for needle, kind in (
         ("Can't load tokenizer", "tokenizer"),
         ("Failed to load the tokenizer", "tokenizer"),
+        # transformers' MistralCommonBackend, which vLLM >= 0.12 picks for tokenizer_mode auto
+        ("No tokenizer file found in directory", "tokenizer"),
         ("Address already in use", "port_in_use"),
         ("error while attempting to bind on address", "port_in_use"),
         ("not enough GPU memory", "oom_on_load"),
+        # The engine was given too little memory for its KV cache: no OOM, the fix is more.
         ("No available memory for the cache blocks", "kv_no_memory"),
+        ("larger than the maximum number of tokens that can be stored in KV cache", "kv_too_small"),
+        ("KV cache is needed, which is larger than the available KV cache memory", "kv_too_small"),
+        # SGLang's KV pool (max_total_num_tokens <= 0), model_runner.py
+        ("Not enough memory. Please try to increase --mem-fraction-static", "kv_no_memory"),
         ("is less than desired GPU memory utilization", "gpu_memory_taken"),
     ):
         if needle in msg:
@@ -130,7 +151,34 @@ def _startup_error(msg: str) -> LogRecord | None:
 
 def _oom(msg: str) -> LogRecord | None:
     oom = parse_oom(msg)
-    return None if oom is None else LogRecord("serving.cuda_oom", oom.fields())
+    if oom is not None:
+        return LogRecord("serving.cuda_oom", oom.fields())
+    form = bare_oom(msg)
+    return None if form is None else LogRecord("serving.cuda_oom", bare_fields(form))
+
+
+# CUDA errors that are neither an OOM nor the engine's own (substring, kind). The texts are
+# the CUDA runtime's (cudaGetErrorString, as PyTorch's C10_CUDA_CHECK prints it), PyTorch's
+# arch check (torch/cuda/__init__.py) and TensorRT's plan deserialiser.
+_CUDA_ERRORS = (
+    ("an illegal memory access was encountered", "illegal_address"),
+    ("cudaErrorIllegalAddress", "illegal_address"),
+    ("no kernel image is available for execution on the device", "no_kernel_image"),
+    ("is not compatible with the current PyTorch installation", "arch_not_in_build"),
+    ("CUDA driver version is insufficient for CUDA runtime version", "driver_too_old"),
+    ("The NVIDIA driver on your system is too old", "driver_too_old"),
+    ("engine plan file is not compatible with this version of TensorRT", "trt_engine_version"),
+    ("engine plan file is generated on an incompatible device", "trt_engine_device"),
+    # TensorRT 8's serialisation check ("stdVersionRead == serializationVersion failed.")
+    ("Version tag does not match", "trt_engine_version"),
+)
+
+
+def _cuda_error(msg: str) -> LogRecord | None:
+    for needle, kind in _CUDA_ERRORS:
+        if needle in msg:
+            return LogRecord("serving.cuda_error", {"kind": kind})
+    return None
 
 
 def _started(msg: str) -> LogRecord | None:
@@ -177,6 +225,8 @@ def _version(msg: str) -> LogRecord | None:
 _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     *log_parsers(),  # the engines' own lines first (vLLM's stats line, SGLang's decode batch)
     ("KV cache size", _kv_capacity),
+    ("Available KV cache memory: -", _kv_memory),
+    ("Available KV cache memory: 0", _kv_memory),
     ("Maximum concurrency", _kv_capacity),
     ("ager", _graphs),
     ("raph", _graphs),
@@ -187,10 +237,20 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("NCCL", _hang),
     ("timed out", _hang),
     ("out of memory", _oom),
+    ("illegal memory access", _cuda_error),
+    ("cudaErrorIllegalAddress", _cuda_error),
+    ("no kernel image", _cuda_error),
+    ("current PyTorch installation", _cuda_error),
+    ("driver version is insufficient", _cuda_error),
+    ("driver on your system is too old", _cuda_error),
+    ("engine plan file", _cuda_error),
+    ("Version tag does not match", _cuda_error),
     ("tokenizer", _startup_error),
     ("already in use", _startup_error),
     ("bind on address", _startup_error),
     ("memory", _startup_error),
+    ("stored in KV cache", _startup_error),
+    ("KV cache is needed", _startup_error),
     ("Starting vLLM server", _started),
     ("startup complete", _started),
     ("shutdown", _started),
@@ -234,6 +294,22 @@ class LogState:
     loading: bool = False
     last_stats: dict[str, object] = field(default_factory=dict)
     last_stats_t: float | None = None
+    # The newest stats line of each engine ("all": an aggregated line), and the preemptions
+    # the log has counted: V0's warning gives the cumulative count, V1's stats line those of
+    # its interval. None until the log said anything about preemptions.
+    stats_by_engine: dict[str, dict[str, object]] = field(default_factory=dict)
+    preemptions_total: float | None = None
+    # The current traceback went through vLLM's get_open_port or torch.distributed's store:
+    # both bind an internal port (any free one), so its "Address already in use" is not the
+    # serving port (vllm#11617).
+    internal_bind: bool = False
+
+    def observe(self, line: str) -> None:
+        """Every line, parsed or not, before ``update``: the context a record needs."""
+        if "Traceback (most recent call last)" in line:
+            self.internal_bind = False
+        elif "get_open_port" in line or "_create_c10d_store" in line:
+            self.internal_bind = True
 
     def update(self, rec: LogRecord, t: float | None = None) -> None:
         f = rec.fields
@@ -258,10 +334,28 @@ class LogState:
             self.last_stats = dict(f)
             self.last_stats_t = t
             self.loading = False  # an engine that reports its throughput is serving
+            engine = str(f.get("engine", "0"))
+            if engine == "all" or "all" in self.stats_by_engine:
+                self.stats_by_engine.clear()
+            if len(self.stats_by_engine) < 64 or engine in self.stats_by_engine:
+                self.stats_by_engine[engine] = dict(f)
+            interval = f.get("preemptions")
+            if isinstance(interval, float):
+                self.preemptions_total = (self.preemptions_total or 0.0) + interval
+        elif rec.stream == "serving.preemption":
+            total = f.get("total")
+            if isinstance(total, float):
+                self.preemptions_total = max(self.preemptions_total or 0.0, total)
 
     def event_fields(self, rec: LogRecord) -> dict[str, object]:
         """The fields of the event a record becomes, after `update(rec)`: a hang line
         says whether the engine was still starting when it was printed (phase)."""
         if rec.stream == "serving.hang":
             return {**rec.fields, "phase": "loading" if self.loading else "serving"}
+        if (
+            rec.stream == "serving.startup_error"
+            and rec.fields.get("kind") == "port_in_use"
+            and self.internal_bind
+        ):
+            return {**rec.fields, "kind": "internal_port_in_use"}
         return dict(rec.fields)

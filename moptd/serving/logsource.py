@@ -69,6 +69,7 @@ def log_events(
     events: list[Event] = []
     for line in lines:
         ring.append(now, line)
+        state.observe(line)
         rec = parse_line(line)
         if rec is None:
             continue

@@ -1,9 +1,14 @@
-"""PyTorch's CUDA out-of-memory message, parsed into its numbers.
+"""CUDA out-of-memory messages: PyTorch's, parsed into its numbers, and the bare ones.
 
 The current text (c10/cuda/CUDACachingAllocator.cpp) and the two older shapes seen in
 logs are understood. "Reserved by PyTorch but unallocated" is, by construction of the
-allocator, memory stranded by fragmentation: when it alone could hold the request, the OOM
-is fragmentation, not a lack of memory.
+allocator, memory stranded by fragmentation; whether it is a large share (a fragmentation
+OOM) is the rule's call (rules/serving/serving.rules.yaml), from the numbers here.
+
+Other layers print the CUDA runtime's cudaErrorMemoryAllocation without numbers: PyTorch's
+C10_CUDA_CHECK ("CUDA error: out of memory", as SGLang's and vLLM's tracebacks show it),
+TensorRT-LLM ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of
+memory") and TensorRT ("Cuda Error in allocate: 2 (out of memory)"). ``bare_oom`` names them.
 """
 
 from __future__ import annotations
@@ -57,16 +62,14 @@ class CudaOom:
     allowed: float | None = None
 
     @property
-    def fragmentation(self) -> bool:
-        """Stranded cache alone could have held the request, or it is a large share of the
-        card and, with what is free, would have."""
-        r, x = self.reserved_unallocated, self.requested
-        if r >= x:
-            return True
-        return r >= max(0.5 * GIB, 0.05 * self.total) and r + self.free >= x
+    def reserved_unallocated_share(self) -> float:
+        """Reserved-but-unallocated as a share of all PyTorch reserved (0 when nothing is)."""
+        reserved = self.allocated + self.reserved_unallocated
+        return self.reserved_unallocated / reserved if reserved > 0 else 0.0
 
     def fields(self) -> dict[str, object]:
         return {
+            "form": "pytorch",
             "gpu": self.gpu,
             "requested_bytes": self.requested,
             "total_bytes": self.total,
@@ -76,7 +79,7 @@ class CudaOom:
             "private_pool_bytes": self.private_pools,
             "process_bytes": self.this_process if self.this_process is not None else -1.0,
             "other_process_bytes": self.other_processes,
-            "fragmentation": self.fragmentation,
+            "reserved_unallocated_share": self.reserved_unallocated_share,
         }
 
 
@@ -118,3 +121,43 @@ def parse_oom(text: str) -> CudaOom | None:
             allowed=parse_size(m.group("allowed")) if m.group("allowed") else None,
         )
     return None
+
+
+# (substring, form): the OOMs that print no numbers, most specific first. Each names the
+# CUDA allocation failing, so a line merely mentioning memory ("alloc_req_slots runs out of
+# memory", SGLang's request-slot pool) is none of them.
+_BARE = (
+    ("[TensorRT-LLM][ERROR]", "tensorrt_llm"),
+    ("Cuda Error in allocate: 2 (out of memory)", "tensorrt"),
+    ("CUDA error: out of memory", "cuda_runtime"),
+    ("cuda runtime error (2) : out of memory", "cuda_runtime"),
+    ("CUDA out of memory", "pytorch"),
+)
+
+
+def bare_oom(text: str) -> str | None:
+    """The form of a CUDA OOM line without PyTorch's numbers, or None."""
+    if "out of memory" not in text:
+        return None
+    for needle, form in _BARE:
+        if needle in text and (form != "tensorrt_llm" or ": out of memory" in text):
+            return form
+    return None
+
+
+def bare_fields(form: str) -> dict[str, object]:
+    """A bare OOM as the fields of a serving.cuda_oom event: the numbers it did not print
+    read -1 (unknown), so no rule finds fragmentation in it."""
+    return {
+        "form": form,
+        "gpu": -1,
+        "requested_bytes": -1.0,
+        "total_bytes": -1.0,
+        "free_bytes": -1.0,
+        "allocated_bytes": -1.0,
+        "reserved_unallocated_bytes": -1.0,
+        "private_pool_bytes": -1.0,
+        "process_bytes": -1.0,
+        "other_process_bytes": -1.0,
+        "reserved_unallocated_share": -1.0,
+    }

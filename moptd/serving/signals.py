@@ -12,6 +12,7 @@ from collections import deque
 from moptd.observations import Batch, labels_of
 from moptd.serving.engines import HISTOGRAMS, EngineView
 from moptd.serving.histogram import Histogram
+from moptd.serving.logparse import LogState
 
 QUANTILES = (0.5, 0.9, 0.99)
 HIST_SIGNALS = {
@@ -77,3 +78,24 @@ def fill_view(
             value = h.quantile(q)
             if value is not None:
                 b.add(HIST_SIGNALS[name], subject, value, labels_of(quantile=f"{q:g}"))
+
+
+def fill_from_log(b: Batch, subject: str, st: LogState) -> None:
+    """What the engine's stats lines and preemption warnings say, as the samples a /metrics
+    page would give: the running and waiting requests summed over engines, the fullest
+    engine's KV-cache usage, the cumulative preemptions. For a log without its page (a
+    pasted log); where the page is read, it is the authority and this is not called."""
+    stats = list(st.stats_by_engine.values())
+    if stats:
+        for key, signal in (
+            ("running", "serving.requests_running"),
+            ("waiting", "serving.requests_waiting"),
+        ):
+            b.add(signal, subject, sum(_num(s.get(key)) for s in stats))
+        b.add("serving.kv_cache_usage", subject, max(_num(s.get("kv_usage")) for s in stats))
+    if st.preemptions_total is not None:
+        b.add("serving.preemptions", subject, st.preemptions_total)
+
+
+def _num(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0

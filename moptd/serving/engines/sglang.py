@@ -63,6 +63,7 @@ def parse_decode_batch(msg: str) -> LogRecord | None:
             "waiting": number(m.group("waiting")),
             "preemptions": 0.0,
             "kv_usage": number(m.group("usage")),
+            "swapped": 0.0,
         },
     )
 

@@ -1,4 +1,5 @@
-"""vLLM: its /metrics names and its periodic stats log line.
+"""vLLM: its /metrics names, its periodic stats log line (V1 and V0) and V0's preemption
+warning.
 
 V1's names (0.10 .. 0.33) come first; the older names they replaced (gpu_cache_usage_perc,
 gpu_prefix_cache_*, time_per_output_token_seconds) map onto the same fields, so one rule
@@ -66,11 +67,52 @@ _STATS = re.compile(
 )
 
 
-def parse_stats(msg: str) -> LogRecord | None:
-    """loggers.py's ``Engine 000: Avg prompt throughput ... KV cache usage ...`` line."""
-    m = _STATS.search(msg)
+# V0 (<= 0.10 with VLLM_USE_V1=0; vllm/engine/metrics.py): one engine, "Pending" for
+# waiting, "Swapped" for requests preempted by swapping (V1 has no swap), no preemption count.
+_STATS_V0 = re.compile(
+    r"Avg prompt throughput: (?P<prompt_tps>[\d.]+) tokens/s, Avg generation throughput: "
+    r"(?P<gen_tps>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, Swapped: (?P<swapped>\d+) "
+    r"reqs, Pending: (?P<waiting>\d+) reqs, GPU KV cache usage: (?P<kv_pct>[\d.]+)%"
+)
+# V0's scheduler.py warning, printed at the first preemption and every 50th after it, with
+# the engine's cumulative count (vllm:num_preemptions_total's value then).
+_PREEMPTED = re.compile(
+    r"Sequence group \S+ is preempted by PreemptionMode\.(?P<mode>[A-Z]+) mode because there "
+    r"is not enough KV cache space\..*?total_num_cumulative_preemption=(?P<total>\d+)"
+)
+
+
+def parse_preemption(msg: str) -> LogRecord | None:
+    m = _PREEMPTED.search(msg)
     if m is None:
         return None
+    return LogRecord(
+        "serving.preemption",
+        {"mode": m.group("mode").lower(), "total": number(m.group("total"))},
+    )
+
+
+def parse_stats(msg: str) -> LogRecord | None:
+    """loggers.py's ``Engine 000: Avg prompt throughput ... KV cache usage ...`` line, or
+    V0's metrics.py line without the engine."""
+    m = _STATS.search(msg)
+    if m is None:
+        m = _STATS_V0.search(msg)
+        if m is None:
+            return None
+        return LogRecord(
+            "serving.log_stats",
+            {
+                "engine": "0",
+                "prompt_tps": number(m.group("prompt_tps")),
+                "gen_tps": number(m.group("gen_tps")),
+                "running": number(m.group("running")),
+                "waiting": number(m.group("waiting")),
+                "preemptions": 0.0,
+                "kv_usage": number(m.group("kv_pct")) / 100.0,
+                "swapped": number(m.group("swapped")),
+            },
+        )
     return LogRecord(
         "serving.log_stats",
         {
@@ -81,6 +123,7 @@ def parse_stats(msg: str) -> LogRecord | None:
             "waiting": number(m.group("waiting")),
             "preemptions": number(m.group("preemptions")),
             "kv_usage": number(m.group("kv_pct")) / 100.0,
+            "swapped": 0.0,
         },
     )
 
@@ -95,5 +138,8 @@ ENGINE = Engine(
     histograms=HISTOGRAMS,
     info_series="vllm:cache_config_info",
     fold=fold_old_names,
-    log_parsers=(("Avg prompt throughput", parse_stats),),
+    log_parsers=(
+        ("Avg prompt throughput", parse_stats),
+        ("is preempted by", parse_preemption),
+    ),
 )
