@@ -71,9 +71,9 @@ SIGNALS = [
         "gpu.nvml_init_error",
         "gauge",
         "",
-        "NVML return code of nvmlInit as nvidia-smi reported it (9 driver not loaded, 18 "
-        "driver/library version mismatch; 0 when NVML initialised), read from nvidia-smi's "
-        "own failure messages in a bundle.",
+        "NVML return code of nvmlInit (9 driver not loaded, 18 driver/library version "
+        "mismatch; 0 when NVML initialised): 0 from the NVML collector while it reads GPUs; "
+        "in a bundle, read from nvidia-smi's output or its own failure messages.",
         "node",
         None,
     ),

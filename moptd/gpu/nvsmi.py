@@ -37,7 +37,7 @@ from moptd.gpu.readings import (
     StaticReading,
 )
 from moptd.located import LocatedError
-from moptd.observations import Batch
+from moptd.observations import NODE, Batch
 from moptd.proc.pci import pci_key
 
 MIB = 1024 * 1024
@@ -803,4 +803,6 @@ def dump_to_batch(dump: NvsmiDump, index_by_bus: dict[str, int] | None = None) -
     if dump.failures:
         known = {g.static.pci_bus_id: g.static.index for g in dump.gpus}
         batch.extend(failure_batch(dump.failures, {**(index_by_bus or {}), **known}))
+    elif dump.gpus:
+        batch.add("gpu.nvml_init_error", NODE, 0.0)  # nvidia-smi read GPUs: NVML started
     return batch
