@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moptd.gpu.nvsmi import NvsmiDump, dump_to_batch, parse_dump, read_dump
+from moptd.gpu.nvsmi import NvsmiDump, dump_to_batch, parse_dump, read_dump, summary
 from moptd.gpu.nvsmi_table import looks_like_table, parse_table
 
 PASTE = Path(__file__).parent / "fixtures" / "nvsmi-paste"
@@ -171,3 +171,15 @@ def test_bounded_cost_on_a_huge_paste() -> None:
     dump = parse_table(text)
     # only the first MAX_TABLE_LINES lines are read
     assert sum(len(g.slow.processes) for g in dump.gpus) < 20_000
+
+
+def test_summary_says_what_was_read() -> None:
+    assert summary(_read("table-390-gtx1080ti-x8-processes.txt")) == (
+        "nvidia-smi: 8 × GeForce GTX 108..., driver 390.25"
+    )
+    assert summary(read_dump(H200 / "nvsmi_idle.txt")) == (
+        "nvidia-smi -q: 1 × NVIDIA H200, driver 580.159.04"
+    )
+    assert summary(read_dump(PASTE / "fail-version-mismatch-570.txt")) == (
+        "nvidia-smi failure: Failed to initialize NVML: Driver/library version mismatch"
+    )

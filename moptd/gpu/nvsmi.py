@@ -806,3 +806,26 @@ def dump_to_batch(dump: NvsmiDump, index_by_bus: dict[str, int] | None = None) -
     elif dump.gpus:
         batch.add("gpu.nvml_init_error", NODE, 0.0)  # nvidia-smi read GPUs: NVML started
     return batch
+
+
+_KIND_NAMES = {
+    "nvidia-smi-q": "nvidia-smi -q",
+    "nvidia-smi-q-xml": "nvidia-smi -q -x",
+    "nvidia-smi-table": "nvidia-smi",
+    "nvidia-smi-failure": "nvidia-smi failure",
+}
+
+
+def summary(dump: NvsmiDump) -> str:
+    """One line on what a dump held, for the list of what was read: "nvidia-smi -q: 8 ×
+    NVIDIA H100 80GB HBM3, driver 550.54.15", "nvidia-smi failure: ..." (the message)."""
+    head = _KIND_NAMES.get(dump.kind, "nvidia-smi")
+    parts: list[str] = []
+    names: dict[str, int] = {}
+    for g in dump.gpus:
+        names[g.static.name or "GPU"] = names.get(g.static.name or "GPU", 0) + 1
+    parts.extend(f"{n} × {name}" for name, n in names.items())
+    if dump.driver_version:
+        parts.append(f"driver {dump.driver_version}")
+    parts.extend(f.message for f in dump.failures)
+    return f"{head}: {', '.join(parts) or 'no GPU'}"
