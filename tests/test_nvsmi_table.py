@@ -29,6 +29,7 @@ def _read(name: str) -> NvsmiDump:
     ("name", "driver", "cuda", "gpus"),
     [
         ("table-325-gtx680.txt", "325.15", "", 2),
+        ("table-375-gtx460-p12.txt", "375.20", "", 2),
         ("table-390-gtx1080ti-x8-processes.txt", "390.25", "", 8),
         ("table-450-titan-xp.txt", "450.57", "11.0", 1),
         ("table-470-a10g.txt", "470.256.02", "11.4", 1),
@@ -100,6 +101,12 @@ def test_old_layouts() -> None:
     assert old.static.power_limit is None
     assert old.static.ecc_enabled is None
     assert old.static.mig_mode is None  # no MIG row before R450
+
+
+def test_two_digit_perf_state_and_short_bus_id() -> None:
+    g = _read("table-375-gtx460-p12.txt").gpus[1]
+    assert (g.fast.pstate, g.static.pci_bus_id) == (12.0, "0000:02:00.0")
+    assert (g.fast.memory_used, g.fast.util, g.fast.power) == (74 * MIB, None, None)
 
 
 def test_r390_processes_by_gpu() -> None:

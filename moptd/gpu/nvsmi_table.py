@@ -45,6 +45,7 @@ _UTIL_CELL = re.compile(
 _COMPUTE = {"Default": 0.0, "E. Thread": 1.0, "Prohibited": 2.0, "E. Process": 3.0}
 _MEMORY_UNIT = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>MiB|MB|GiB|GB|KiB|B)$")
 _SCALE = {"B": 1, "KiB": 1024, "MiB": MIB, "MB": MIB, "GiB": 1024 * MIB, "GB": 1024 * MIB}
+_NEXT_BOX = re.compile(r"^\s*(?:MIG devices|Processes|Compute processes):")
 _PROCESS_TYPES = frozenset({"C", "G", "C+G", "M", "M+C", "M+G", "M+C+G"})
 # One table is a few KiB for 8 GPUs; a paste of several hundred lines is still a table.
 MAX_TABLE_LINES = 20_000
@@ -187,6 +188,8 @@ def _gpu_section(
                 i += 1
                 continue
             break  # the blank line before the next section
+        if _NEXT_BOX.match(cells[0]):
+            break  # a box that follows without a blank line
         if block is None:
             block = _Block(i + 1)
             blocks.append(block)
@@ -251,7 +254,7 @@ def _ratio(percent: float | None) -> float | None:
 def _processes(lines: list[str], start: int, gpus: dict[int, _Gpu], values: _Values) -> None:
     """The "Processes:" box: one row a process; GI and CI columns from R450 on."""
     i = start
-    while i < len(lines) and not re.search(r"\bProcesses:", lines[i]):
+    while i < len(lines) and not re.search(r"\b(?:Compute p|P)rocesses:", lines[i]):
         i += 1
     header = ""
     while i < len(lines) and "===" not in lines[i]:
