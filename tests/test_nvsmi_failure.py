@@ -152,3 +152,31 @@ def test_an_untimed_message_before_a_timed_dump_is_placed(tmp_path: Path) -> Non
     tl = read_bundle(bundle)
     times = [t for t, s, _ in tl.observations if s == "nvml"]
     assert times == [1795969286.0, 1795969286.0]  # placed at the first timed evidence
+
+
+HOST = Path(__file__).parent / "fixtures" / "host-paste"
+
+
+@pytest.mark.parametrize(
+    ("modules", "expected"),
+    [
+        # mattshma/bigdata#133: nvidia-smi could not communicate and lsmod shows no nvidia
+        ("lsmod-grep-nvidia-empty.txt", [("DRIVER_NOT_LOADED", "node")]),
+        # the module is loaded: "couldn't communicate" is then no missing module
+        ("lsmod-grep-nvidia-dgx.txt", []),
+    ],
+)
+def test_couldnt_communicate_with_lsmod(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    modules: str,
+    expected: list[tuple[str, str]],
+) -> None:
+    bundle = tmp_path / "b"
+    (bundle / "gpu" / "nvidia-smi").mkdir(parents=True)
+    (bundle / "kernel").mkdir()
+    shutil.copy(PASTE / "fail-couldnt-communicate.txt", bundle / "gpu" / "nvidia-smi" / "001.txt")
+    shutil.copy(HOST / modules, bundle / "kernel" / "proc_modules")
+    main(["replay", str(bundle), "--json"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["code"], f["subject"]) for f in findings] == expected
