@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moptd.bundle import BundleError, read_bundle
-from moptd.bundle.sources import check_dev_nodes, check_dkms_status, modules_text
+from moptd.bundle.sources import (
+    check_dev_nodes,
+    check_dkms_status,
+    host_paste_place,
+    modules_text,
+)
 from moptd.collectors.driver import parse_module_version, parse_proc_modules
 from moptd.observations import Batch
 
@@ -176,3 +181,45 @@ def test_modules_text_keeps_every_module_line(name: str, repeat: int) -> None:
 def test_bounded_cost_on_a_long_dev_nodes_paste() -> None:
     text = (PASTE / "dev-nodes-h200.txt").read_text() * 20_000
     check_dev_nodes(text, "f")
+
+
+_PLACES = {
+    "dev-nodes-h200.txt": "host/dev_nodes.txt",
+    "ls-1-dev-nvidia-dgx.txt": "host/dev_nodes.txt",  # its check then says what to paste
+    "proc-modules-h200.txt": "kernel/proc_modules",
+    "lsmod-grep-nvidia-dgx.txt": "kernel/proc_modules",
+    "lsmod-grep-nvidia-uvm-missing.txt": "kernel/proc_modules",
+    "lsmod-grep-nvidia-empty.txt": "kernel/proc_modules",
+    "dkms-status-error.txt": "kernel/dkms_status.txt",
+    "dkms-status-new-535.txt": "kernel/dkms_status.txt",
+    "dkms-status-old-multikernel.txt": "kernel/dkms_status.txt",
+    "dkms-status-original-module.txt": "kernel/dkms_status.txt",
+}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in PASTE.glob("*.txt")))
+def test_each_paste_is_placed_by_content(name: str) -> None:
+    expected = _PLACES.get(name, "kernel/driver_version" if "driver-version" in name else None)
+    assert host_paste_place((PASTE / name).read_text()) == expected
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "h200/dmesg.txt",
+        "h200/kmsg_raw.txt",
+        "h200/meminfo",
+        "h200/df.txt",
+        "h200/nvsmi_idle.txt",
+        "h200/nvsmi_table_idle.txt",
+        "h200/oom_fragmentation.txt",
+        "host-paste/SOURCE.md",
+        "bundles/vllm-log-oom-plain/serving/main/log.txt",
+        "bundles/vllm-log-healthy/serving/main/log.txt",
+    ],
+)
+def test_other_files_are_no_host_paste(other: str) -> None:
+    assert host_paste_place((FIXTURES / other).read_text()) is None

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moptd.gpu.nvsmi import NvsmiDump, dump_to_batch, parse_dump, read_dump, summary
+from moptd.gpu.nvsmi import NvsmiDump, dump_to_batch, parse_dump, read_dump, sniff, summary
 from moptd.gpu.nvsmi_table import looks_like_table, parse_table
 
 PASTE = Path(__file__).parent / "fixtures" / "nvsmi-paste"
@@ -190,3 +190,22 @@ def test_summary_says_what_was_read() -> None:
     assert summary(read_dump(PASTE / "fail-version-mismatch-570.txt")) == (
         "nvidia-smi failure: Failed to initialize NVML: Driver/library version mismatch"
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        *((p, "nvidia-smi-table") for p in sorted(PASTE.glob("table-*.txt"))),
+        *((p, "nvidia-smi-failure") for p in sorted(PASTE.glob("fail-*.txt"))),
+        (H200 / "nvsmi_idle.txt", "nvidia-smi-q"),
+        (H200 / "nvsmi_idle.xml", "nvidia-smi-q-xml"),
+        (H200 / "dmesg.txt", None),
+        (H200 / "oom_plain.txt", None),
+        (H200 / "proc_modules", None),
+    ],
+)
+def test_sniff_tells_the_kind_by_content(path: Path, kind: str | None) -> None:
+    text = path.read_text()
+    assert sniff(text) == kind
+    if kind is not None:
+        assert parse_dump(text).kind == kind

@@ -287,7 +287,9 @@ def _dev_nodes(root: Path) -> dict[str, os.stat_result | None] | None:
 
 # ls's message when the glob matched nothing: "ls: cannot access '/dev/nvidia*': No such
 # file or directory" (older coreutils print the path without quotes)
-_NO_NODE = re.compile(r"cannot access '?/dev/nvidia[^:]*'?: No such file or directory")
+_NO_NODE = re.compile(
+    r"^(?:ls: )?cannot access '?/dev/nvidia[^:]*'?: No such file or directory", re.MULTILINE
+)
 _NAME_ONLY = re.compile(r"^/dev/nvidia\S*$")
 
 
@@ -355,3 +357,36 @@ def _mode(perm: str) -> int:
                 mode |= 1 << shift
             mode |= (stat.S_ISUID, stat.S_ISGID, stat.S_ISVTX)[i // 3]
     return mode
+
+
+# --- sorting a paste by content -------------------------------------------------------
+
+
+def host_paste_place(text: str) -> str | None:
+    """Where a pasted host file belongs in a bundle, by its content: kernel/proc_modules
+    (/proc/modules or lsmod), kernel/driver_version, host/dev_nodes.txt (ls -l
+    /dev/nvidia*), kernel/dkms_status.txt; None when it is none of them (or is empty)."""
+    if not text.strip():
+        return None
+    if driver.parse_module_version(text) is not None:
+        return "kernel/driver_version"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if (
+        _DEV_LINE.search(text)
+        or _NO_NODE.search(text)
+        or any(_NAME_ONLY.match(line) for line in lines)
+    ):
+        return DEV_NODES  # a names-only listing too: its check says what to paste instead
+    if driver.parse_dkms_status(text) or "dkms" in text:
+        return DKMS if _passes(check_dkms_status, text) else None
+    if any(_MODULE_LINE.match(line) or _COMMAND_LINE.search(line) for line in lines):
+        return "kernel/proc_modules" if _passes(modules_text, text) else None
+    return None
+
+
+def _passes(check: Callable[[str, str], object], text: str) -> bool:
+    try:
+        check(text, "")
+    except BundleError:
+        return False
+    return True

@@ -829,3 +829,21 @@ def summary(dump: NvsmiDump) -> str:
         parts.append(f"driver {dump.driver_version}")
     parts.extend(f.message for f in dump.failures)
     return f"{head}: {', '.join(parts) or 'no GPU'}"
+
+
+def sniff(text: str) -> str | None:
+    """The kind of nvidia-smi output ``text`` is (a kind of NvsmiDump.kind), or None: for
+    sorting a paste by content (its place is gpu/nvidia-smi/). Reads no more than a table
+    or a failure check does; never raises."""
+    head = text.lstrip()[:200]
+    if head.startswith("<?xml") or head.startswith("<nvidia_smi_log"):
+        return "nvidia-smi-q-xml" if "<nvidia_smi_log" in text[:4096] else None
+    from moptd.gpu.nvsmi_table import looks_like_table
+
+    if looks_like_table(text):
+        return "nvidia-smi-table"
+    if _GPU_SECTION.search(text) or re.search(r"^==============NVSMI LOG", text, re.M):
+        return "nvidia-smi-q"
+    if parse_failures(text):
+        return "nvidia-smi-failure"
+    return None
