@@ -16,6 +16,7 @@ from moptd.bundle.sources import (
     check_dev_nodes,
     check_dkms_status,
     host_paste_place,
+    kernel_release_text,
     modules_text,
 )
 from moptd.collectors.driver import parse_module_version, parse_proc_modules
@@ -194,6 +195,9 @@ _PLACES = {
     "dkms-status-new-535.txt": "kernel/dkms_status.txt",
     "dkms-status-old-multikernel.txt": "kernel/dkms_status.txt",
     "dkms-status-original-module.txt": "kernel/dkms_status.txt",
+    "uname-r-h200.txt": "kernel/uname_r",
+    "uname-a-fedora.txt": "kernel/uname_r",
+    "uname-a-void-prompt.txt": "kernel/uname_r",
 }
 
 
@@ -213,6 +217,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
         "h200/kmsg_raw.txt",
         "h200/meminfo",
         "h200/df.txt",
+        "h200/swappiness",
+        "h200/tainted",
         "h200/nvsmi_idle.txt",
         "h200/nvsmi_table_idle.txt",
         "h200/oom_fragmentation.txt",
@@ -223,3 +229,38 @@ FIXTURES = Path(__file__).parent / "fixtures"
 )
 def test_other_files_are_no_host_paste(other: str) -> None:
     assert host_paste_place((FIXTURES / other).read_text()) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "release"),
+    [
+        ("uname-r-h200.txt", "6.18.44-fc-v657-gpu"),
+        ("uname-a-fedora.txt", "6.12.15-200.fc41.x86_64"),
+        ("uname-a-void-prompt.txt", "4.7.2_1"),
+    ],
+)
+def test_uname_r_or_uname_a_gives_the_running_kernel(
+    tmp_path: Path, name: str, release: str
+) -> None:
+    assert kernel_release_text((PASTE / name).read_text(), "f") == release + "\n"
+    # in a bundle beside a dkms status of another host: read, and not its kernels
+    bundle = tmp_path / "b"
+    (bundle / "kernel").mkdir(parents=True)
+    shutil.copy(PASTE / name, bundle / "kernel" / "uname_r")
+    shutil.copy(PASTE / "dkms-status-old-multikernel.txt", bundle / "kernel" / "dkms_status.txt")
+    tl = read_bundle(bundle)
+    match = [
+        s.value
+        for _, src, b in tl.observations
+        if src == "driver"
+        for s in b.samples
+        if s.signal == "driver.dkms_kernel_match"
+    ]
+    assert match == [0.0]
+
+
+def test_uname_file_with_other_text_names_its_line() -> None:
+    text = (PASTE / "lsmod-grep-nvidia-dgx.txt").read_text()
+    with pytest.raises(BundleError) as e:
+        kernel_release_text(text, "kernel/uname_r")
+    assert e.value.line == 1

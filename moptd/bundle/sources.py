@@ -12,7 +12,8 @@ file and line rather than a silent absence. Pasted command output is taken where
 stands for it: ``lsmod`` (or ``lsmod | grep nvidia``) for kernel/proc_modules, with the
 command line and lsmod's header dropped; ``ls -l /dev/nvidia*`` with its ``total`` and
 directory lines, or ls's "No such file or directory" (no node) for host/dev_nodes.txt;
-``dkms status`` in both layouts, with dkms's own error lines, for kernel/dkms_status.txt.
+``dkms status`` in both layouts, with dkms's own error lines, for kernel/dkms_status.txt;
+``uname -a`` as well as ``uname -r`` for kernel/uname_r.
 """
 
 from __future__ import annotations
@@ -224,6 +225,28 @@ def modules_text(text: str, file: str) -> str:
     return "".join(f"{line}\n" for line in kept)
 
 
+# `uname -r`: "5.15.0-91-generic"; `uname -a`: "Linux host 5.15.0-91-generic #101-Ubuntu SMP ..."
+_RELEASE = re.compile(r"^\d+\.\d+[\w.+~-]*$")
+_UNAME_A = re.compile(r"^Linux \S+ (?P<release>\d+\.\d+[\w.+~-]*) ")
+
+
+def kernel_release_text(text: str, file: str) -> str:
+    """``uname -r`` output (or ``uname -a``, which holds it as its third field) -> the
+    release alone, as /proc/sys/kernel/osrelease holds it; a shell prompt or the command
+    line is skipped; BundleError naming the first other line."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or re.search(r"(?:^|[$#]\s*)uname\b", s):
+            continue
+        if _RELEASE.match(s):
+            return s + "\n"
+        m = _UNAME_A.match(s)
+        if m is not None:
+            return m.group("release") + "\n"
+        raise BundleError(file, lineno, f"not the output of uname -r: {s[:60]!r}")
+    return ""
+
+
 def _check_driver_version(text: str, file: str) -> str:
     if driver.parse_module_version(text) is None:
         raise BundleError(file, 1, "no 'NVRM version' line")
@@ -243,6 +266,7 @@ _CHECKS: dict[str, Callable[[str, str], str]] = {
     "host/swappiness": _check_swappiness,
     "kernel/proc_modules": modules_text,
     "kernel/driver_version": _check_driver_version,
+    "kernel/uname_r": kernel_release_text,
     "container/daemon.json": _check_daemon_json,
 }
 
@@ -381,6 +405,9 @@ def host_paste_place(text: str) -> str | None:
         return DKMS if _passes(check_dkms_status, text) else None
     if any(_MODULE_LINE.match(line) or _COMMAND_LINE.search(line) for line in lines):
         return "kernel/proc_modules" if _passes(modules_text, text) else None
+    # a release names a build ("-generic", "_1", ".fc41"): a bare "535.104.05" is a driver
+    if any(_UNAME_A.match(line) or re.search(r"[-_+~a-z]", line) for line in lines):
+        return "kernel/uname_r" if _passes(kernel_release_text, text) else None
     return None
 
 
