@@ -264,3 +264,16 @@ def test_uname_file_with_other_text_names_its_line() -> None:
     with pytest.raises(BundleError) as e:
         kernel_release_text(text, "kernel/uname_r")
     assert e.value.line == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_host_paste_place_never_raises(text: str) -> None:
+    assert host_paste_place(text) in (
+        None,
+        "kernel/proc_modules",
+        "kernel/driver_version",
+        "kernel/dkms_status.txt",
+        "kernel/uname_r",
+        "host/dev_nodes.txt",
+    )

@@ -209,3 +209,12 @@ def test_sniff_tells_the_kind_by_content(path: Path, kind: str | None) -> None:
     assert sniff(text) == kind
     if kind is not None:
         assert parse_dump(text).kind == kind
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=500))
+def test_sniff_never_raises(text: str) -> None:
+    assert sniff(text) in (None, *KINDS)
+
+
+KINDS = ("nvidia-smi-table", "nvidia-smi-failure", "nvidia-smi-q", "nvidia-smi-q-xml")
