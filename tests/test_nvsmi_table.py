@@ -218,3 +218,10 @@ def test_sniff_never_raises(text: str) -> None:
 
 
 KINDS = ("nvidia-smi-table", "nvidia-smi-failure", "nvidia-smi-q", "nvidia-smi-q-xml")
+
+
+def test_a_file_with_a_q_dump_and_a_table_is_read_for_the_q_dump() -> None:
+    both = (H200 / "nvsmi_table_idle.txt").read_text() + (H200 / "nvsmi_idle.txt").read_text()
+    dump = parse_dump(both)
+    assert dump.kind == sniff(both) == "nvidia-smi-q"
+    assert dump.gpus[0].static.uuid  # the -q dump's fields, which the table lacks

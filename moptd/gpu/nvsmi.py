@@ -767,13 +767,17 @@ def parse_dump(text: str, path: Path | str = "<dump>") -> NvsmiDump:
     from moptd.gpu.nvsmi_table import looks_like_table, parse_table
 
     failures = parse_failures(text)
-    if looks_like_table(text):
+    # -q first: a file holding both a -q dump and a table is read for the richer dump
+    if _GPU_SECTION.search(text):
+        dump = parse_text(text, path)
+        dump.kind = "nvidia-smi-q"
+    elif looks_like_table(text):
         dump = parse_table(text, path)
         dump.kind = "nvidia-smi-table"
-    elif failures and not _GPU_SECTION.search(text):
+    elif failures:
         dump = NvsmiDump(Path(path), kind="nvidia-smi-failure")
     else:
-        dump = parse_text(text, path)
+        dump = parse_text(text, path)  # raises: not nvidia-smi output
         dump.kind = "nvidia-smi-q"
     dump.failures = failures
     return dump
@@ -840,10 +844,10 @@ def sniff(text: str) -> str | None:
         return "nvidia-smi-q-xml" if "<nvidia_smi_log" in text[:4096] else None
     from moptd.gpu.nvsmi_table import looks_like_table
 
-    if looks_like_table(text):
-        return "nvidia-smi-table"
     if _GPU_SECTION.search(text) or re.search(r"^==============NVSMI LOG", text, re.M):
         return "nvidia-smi-q"
+    if looks_like_table(text):
+        return "nvidia-smi-table"
     if parse_failures(text):
         return "nvidia-smi-failure"
     return None
