@@ -38,6 +38,7 @@ SHAPED = {
 COLLECTOR_SIGNALS = {
     "gpu.lost",
     "gpu.nvml_error",
+    "gpu.nvml_init_error",
     "gpu.xid_event",
     "gpu.xid_errors",
     "gpu.xid_last_time",

@@ -92,6 +92,8 @@ async def test_eight_gpus_from_a_one_gpu_recording(tmp_path: Path):
     assert len({batch.attrs[f"gpu:{i}"]["uuid"] for i in range(8)}) == 8
     for s in batch.samples:
         assert s.signal in CATALOG
+    # NVML started: what a bundle reads from nvidia-smi (rule driver-nvml-init decides)
+    assert one(batch, "gpu.nvml_init_error", "node") == 0.0
 
 
 async def test_tiers_follow_their_intervals(tmp_path: Path):

@@ -163,7 +163,14 @@ def test_idle_a10_pcie_gen1_of_4():
 def test_dump_batch_equals_the_collector_builder():
     dump = read_dump(H200 / "nvsmi_load.txt")
     g = dump.gpus[0]
-    assert dump_to_batch(dump).samples == gpu_batch(g.static, g.fast, g.slow).samples
+    samples = dump_to_batch(dump).samples
+    assert samples[:-1] == gpu_batch(g.static, g.fast, g.slow).samples
+    # and NVML's start, which the NVML collector adds to every pass
+    assert (samples[-1].signal, samples[-1].subject, samples[-1].value) == (
+        "gpu.nvml_init_error",
+        "node",
+        0.0,
+    )
 
 
 OLD_TEXT = """

@@ -5,7 +5,8 @@ unknown. A file that is present but malformed is a BundleError naming the file a
 Nothing here names a signal: the evidence becomes samples through the code that makes them
 live, once:
 
-- gpu/nvidia-smi/*: ``moptd.gpu.nvsmi.dump_to_batch`` (the live ``gpu_batch``);
+- gpu/nvidia-smi/*: ``moptd.gpu.nvsmi.dump_to_batch`` (the live ``gpu_batch``), for
+  ``-q``/``-q -x`` dumps, the default table and nvidia-smi's failure messages alike;
 - gpu/samples.jsonl: ``moptd.gpu.recorded.read_samples``, the one reader of the rows
   ``moptd record`` writes;
 - host/, kernel/ (but dmesg), container/: the host, driver and container collectors
@@ -52,14 +53,15 @@ def _read(root: Path, shown: Path) -> Timeline:
     identities = _read_nvsmi(root, tl, start)
     _read_samples(root / "gpu" / "samples.jsonl", tl)
     _read_serving(root, tl)
-    first = min((t for t, _, _ in tl.observations), default=start)
+    # an untimed dump is NaN until placed (min() would return a leading NaN)
+    first = min((t for t, _, _ in tl.observations if not math.isnan(t)), default=start)
     stack = collect_stack(root, tl.missing, identities)
     _read_kernel(root, tl, identities, first, start)
     at = first if first is not None else 0.0
     tl.observations.extend((at, name, batch) for name, batch in stack)
     if first is None:
         first = min((e.t for e in tl.events), default=0.0)
-        tl.observations = [(first if math.isnan(t) else t, s, b) for t, s, b in tl.observations]
+    tl.observations = [(first if math.isnan(t) else t, s, b) for t, s, b in tl.observations]
     tl.observations.sort(key=lambda o: o[0])
     tl.events.sort(key=lambda e: e.t)
     return tl
@@ -83,8 +85,8 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
             dump = read_dump(f)
         except NvsmiError as e:
             raise BundleError(str(e.path), e.line, e.message) from None
-        if not dump.gpus:
-            raise BundleError(str(f), 1, "no GPU found in this nvidia-smi dump")
+        if not dump.gpus and not dump.failures:
+            raise BundleError(str(f), 1, "no GPU found in this nvidia-smi output")
         t = dump.timestamp if dump.timestamp is not None else start
         if t is None:
             t = float("nan") if i == 0 else tl.observations[-1][0] + 1
@@ -93,7 +95,7 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
             if bus:
                 index_by_bus[bus] = g.static.index
                 uuid_by_bus[bus] = g.static.uuid
-        tl.observations.append((t, "nvml", dump_to_batch(dump)))
+        tl.observations.append((t, "nvml", dump_to_batch(dump, index_by_bus)))
         version = dump.driver_version or version
     return GpuIdentities(index_by_bus, uuid_by_bus, version, "nvidia-smi")
 

@@ -8,7 +8,12 @@ dkms_status.txt for `dkms status`, dev_nodes.txt for /dev). The collectors then 
 do live, with ``recorded`` set: what the bundle does not hold is not emitted.
 
 Before a file is used it is checked, so a malformed one is a BundleError naming the bundle
-file and line rather than a silent absence.
+file and line rather than a silent absence. Pasted command output is taken where the file
+stands for it: ``lsmod`` (or ``lsmod | grep nvidia``) for kernel/proc_modules, with the
+command line and lsmod's header dropped; ``ls -l /dev/nvidia*`` with its ``total`` and
+directory lines, or ls's "No such file or directory" (no node) for host/dev_nodes.txt;
+``dkms status`` in both layouts, with dkms's own error lines, for kernel/dkms_status.txt;
+``uname -a`` as well as ``uname -r`` for kernel/uname_r.
 """
 
 from __future__ import annotations
@@ -124,8 +129,7 @@ def collect_stack(
         for rel, live in FILES:
             src = root / rel
             if src.exists():
-                text = read_text(src)
-                _CHECKS.get(rel, _no_check)(text, str(src))
+                text = _CHECKS.get(rel, _no_check)(read_text(src), str(src))
                 _put(tree / live, text)
         for spec in _cdi_specs(root):
             text = read_text(spec)
@@ -134,6 +138,8 @@ def collect_stack(
             except container.ConfigError as e:
                 raise _config_error(e) from None
             _put(tree / "etc/cdi" / spec.name, text)
+        if (root / DKMS).is_file():
+            check_dkms_status(read_text(root / DKMS), str(root / DKMS))
         source = BundleSource(root, _disks(root), _dev_nodes(root), identities)
         host = HostCollector(
             _context(tree, source, global_options={"watch_paths": list(source.disks)})
@@ -180,42 +186,87 @@ def _cdi_specs(root: Path) -> list[Path]:
 # --- checks: a present file must be what its name says ------------------------------
 
 
-def _no_check(text: str, file: str) -> None:
-    pass
+def _no_check(text: str, file: str) -> str:
+    return text
 
 
-def _check_meminfo(text: str, file: str) -> None:
+def _check_meminfo(text: str, file: str) -> str:
     if "MemTotal" not in procfs.parse_meminfo(text):
         raise BundleError(file, 1, "no MemTotal line: not a copy of /proc/meminfo")
+    return text
 
 
-def _check_swappiness(text: str, file: str) -> None:
+def _check_swappiness(text: str, file: str) -> str:
     if procfs.parse_int(text) is None:
         raise BundleError(file, 1, f"not a number: {text.strip()[:40]!r}")
+    return text
 
 
-def _check_modules(text: str, file: str) -> None:
-    if text.strip() and not any(len(line.split()) >= 3 for line in text.splitlines()):
-        raise BundleError(file, 1, "not a copy of /proc/modules")
+# /proc/modules: "nvidia 14299136 - - Live 0x... (O)"; lsmod: "nvidia  34086912  1 nvidia_modeset"
+_MODULE_LINE = re.compile(r"^[A-Za-z0-9_-]+\s+\d+\s+(?:\d+|-)(?:\s.*)?$")
+_LSMOD_HEADER = re.compile(r"^Module\s+Size\s+Used by\s*$")
+# the command a paste starts with: "$ lsmod | grep nvidia", "root@host:~# cat /proc/modules"
+_COMMAND_LINE = re.compile(r"(?:^|[$#]\s*)(?:sudo\s+)?(?:lsmod|cat\s+/proc/modules)\b")
 
 
-def _check_driver_version(text: str, file: str) -> None:
+def modules_text(text: str, file: str) -> str:
+    """/proc/modules or lsmod output -> the module lines (/proc/modules' first columns);
+    BundleError naming the first line that is neither."""
+    kept: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or _LSMOD_HEADER.match(s) or _COMMAND_LINE.search(s):
+            continue
+        if not _MODULE_LINE.match(s):
+            raise BundleError(
+                file, lineno, "not a copy of /proc/modules or the output of lsmod: " + repr(s[:60])
+            )
+        kept.append(s)
+    return "".join(f"{line}\n" for line in kept)
+
+
+# `uname -r`: "5.15.0-91-generic"; `uname -a`: "Linux host 5.15.0-91-generic #101-Ubuntu SMP ..."
+_RELEASE = re.compile(r"^\d+\.\d+[\w.+~-]*$")
+_UNAME_A = re.compile(r"^Linux \S+ (?P<release>\d+\.\d+[\w.+~-]*) ")
+
+
+def kernel_release_text(text: str, file: str) -> str:
+    """``uname -r`` output (or ``uname -a``, which holds it as its third field) -> the
+    release alone, as /proc/sys/kernel/osrelease holds it; a shell prompt or the command
+    line is skipped; BundleError naming the first other line."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or re.search(r"(?:^|[$#]\s*)uname\b", s):
+            continue
+        if _RELEASE.match(s):
+            return s + "\n"
+        m = _UNAME_A.match(s)
+        if m is not None:
+            return m.group("release") + "\n"
+        raise BundleError(file, lineno, f"not the output of uname -r: {s[:60]!r}")
+    return ""
+
+
+def _check_driver_version(text: str, file: str) -> str:
     if driver.parse_module_version(text) is None:
         raise BundleError(file, 1, "no 'NVRM version' line")
+    return text
 
 
-def _check_daemon_json(text: str, file: str) -> None:
+def _check_daemon_json(text: str, file: str) -> str:
     try:
         container.parse_daemon_json(text, file)
     except container.ConfigError as e:
         raise _config_error(e) from None
+    return text
 
 
-_CHECKS: dict[str, Callable[[str, str], None]] = {
+_CHECKS: dict[str, Callable[[str, str], str]] = {
     "host/meminfo": _check_meminfo,
     "host/swappiness": _check_swappiness,
-    "kernel/proc_modules": _check_modules,
+    "kernel/proc_modules": modules_text,
     "kernel/driver_version": _check_driver_version,
+    "kernel/uname_r": kernel_release_text,
     "container/daemon.json": _check_daemon_json,
 }
 
@@ -251,7 +302,60 @@ def parse_df_usage(text: str, file: str) -> dict[str, DiskUsage]:
 
 def _dev_nodes(root: Path) -> dict[str, os.stat_result | None] | None:
     path = root / DEV_NODES
-    return parse_dev_nodes(read_text(path)) if path.exists() else None
+    if not path.exists():
+        return None
+    text = read_text(path)
+    check_dev_nodes(text, str(path))
+    return parse_dev_nodes(text)
+
+
+# ls's message when the glob matched nothing: "ls: cannot access '/dev/nvidia*': No such
+# file or directory" (older coreutils print the path without quotes)
+_NO_NODE = re.compile(
+    r"^(?:ls: )?cannot access '?/dev/nvidia[^:]*'?: No such file or directory", re.MULTILINE
+)
+_NAME_ONLY = re.compile(r"^/dev/nvidia\S*$")
+
+
+def check_dev_nodes(text: str, file: str) -> None:
+    """host/dev_nodes.txt must be ``ls -l /dev/nvidia*`` output: a node line, or ls saying
+    there is no node. A names-only listing (``ls -1``) shows neither type nor mode."""
+    if not text.strip() or _DEV_LINE.search(text) or _NO_NODE.search(text):
+        return
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if _NAME_ONLY.match(line.strip()):
+            raise BundleError(
+                file,
+                lineno,
+                "names only (ls -1): node types and modes are not shown; "
+                "paste the output of ls -l /dev/nvidia*",
+            )
+    raise BundleError(file, 1, "no /dev/nvidia* line: not the output of ls -l /dev/nvidia*")
+
+
+# dkms's own messages ("Error! Could not locate dkms.conf file.", "File: ... does not
+# exist.", "Warning: ...", "Deprecated feature: ...") and the command line of a paste
+_DKMS_MESSAGE = re.compile(
+    r"^(?:Error!|Warning:|WARNING|File:|Deprecated feature:|Consult|Please)|(?:^|[$#]\s*)"
+    r"(?:sudo\s+)?dkms\b"
+)
+
+
+# a module DKMS knows but built for no kernel: "nvidia/535.104.05: added" (the old layout
+# "nvidia, 535.104.05: added"); the driver collector reads no kernel from it
+_DKMS_UNBUILT = re.compile(r"^[^/,\s]+(?:/|, )[^,\s]+: \S.*$")
+
+
+def check_dkms_status(text: str, file: str) -> None:
+    """kernel/dkms_status.txt must be ``dkms status`` output: its entries (both layouts)
+    or dkms's own error lines; anything else is named with its line."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or _DKMS_MESSAGE.search(s) or _DKMS_UNBUILT.match(s):
+            continue
+        if driver.parse_dkms_status(s):
+            continue
+        raise BundleError(file, lineno, f"not a line of dkms status output: {s[:60]!r}")
 
 
 def parse_dev_nodes(text: str) -> dict[str, os.stat_result | None]:
@@ -277,3 +381,39 @@ def _mode(perm: str) -> int:
                 mode |= 1 << shift
             mode |= (stat.S_ISUID, stat.S_ISGID, stat.S_ISVTX)[i // 3]
     return mode
+
+
+# --- sorting a paste by content -------------------------------------------------------
+
+
+def host_paste_place(text: str) -> str | None:
+    """Where a pasted host file belongs in a bundle, by its content: kernel/proc_modules
+    (/proc/modules or lsmod), kernel/driver_version, host/dev_nodes.txt (ls -l
+    /dev/nvidia*), kernel/dkms_status.txt; None when it is none of them (or is empty)."""
+    if not text.strip():
+        return None
+    if driver.parse_module_version(text) is not None:
+        return "kernel/driver_version"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if (
+        _DEV_LINE.search(text)
+        or _NO_NODE.search(text)
+        or any(_NAME_ONLY.match(line) for line in lines)
+    ):
+        return DEV_NODES  # a names-only listing too: its check says what to paste instead
+    if driver.parse_dkms_status(text) or "dkms" in text:
+        return DKMS if _passes(check_dkms_status, text) else None
+    if any(_MODULE_LINE.match(line) or _COMMAND_LINE.search(line) for line in lines):
+        return "kernel/proc_modules" if _passes(modules_text, text) else None
+    # a release names a build ("-generic", "_1", ".fc41"): a bare "535.104.05" is a driver
+    if any(_UNAME_A.match(line) or re.search(r"[-_+~a-z]", line) for line in lines):
+        return "kernel/uname_r" if _passes(kernel_release_text, text) else None
+    return None
+
+
+def _passes(check: Callable[[str, str], object], text: str) -> bool:
+    try:
+        check(text, "")
+    except BundleError:
+        return False
+    return True

@@ -67,6 +67,16 @@ SIGNALS = [
         "NVML return code of the last failed per-GPU query (0 when the last pass had none).",
         "moptd_gpu_nvml_last_error_code",
     ),
+    SignalSpec(
+        "gpu.nvml_init_error",
+        "gauge",
+        "",
+        "NVML return code of nvmlInit (9 driver not loaded, 18 driver/library version "
+        "mismatch; 0 when NVML initialised): 0 from the NVML collector while it reads GPUs; "
+        "in a bundle, read from nvidia-smi's output or its own failure messages.",
+        "node",
+        None,
+    ),
     _g(
         "sample_age",
         "gauge",

@@ -49,7 +49,7 @@ from moptd.gpu.readings import (
 )
 from moptd.gpu.recorded import RecordedBackend
 from moptd.kernel.xid_tally import NVML, XidTally
-from moptd.observations import Batch, Event, Sample, gpu_subject
+from moptd.observations import NODE, Batch, Event, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
 from moptd.worker import Worker
 
@@ -267,6 +267,9 @@ class NvmlCollector(Collector):
         now = self.ctx.clock.now()
         deadline = float(self.option("gpu_deadline"))
         batch = Batch()
+        # NVML started (a failed start raises above): what a bundle reads from nvidia-smi's
+        # own messages, so rule driver-nvml-init decides live as well
+        batch.add("gpu.nvml_init_error", NODE, 0.0)
         # Pipelined: a tick reports the read started on the previous tick (long finished;
         # the age of each tier is exported) and starts the next read without waiting for
         # it. Waiting woke the event loop once more per tick, which cost more CPU than the

@@ -1,4 +1,6 @@
-"""Readers of ``nvidia-smi -q -x`` (XML) and ``nvidia-smi -q`` (text) dumps.
+"""Readers of ``nvidia-smi -q -x`` (XML) and ``nvidia-smi -q`` (text) dumps, and the entry
+point (``parse_dump``, ``read_dump``) that also takes the default table
+(moptd.gpu.nvsmi_table) and nvidia-smi's own failure messages (moptd.gpu.nvsmi_failure).
 
 A dump becomes the same typed readings the NVML backend makes (moptd.gpu.readings) and,
 through ``dump_to_batch``, the same gpu.* samples the NVML collector emits, so rules run
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moptd.gpu.batch import gpu_batch
+from moptd.gpu.nvsmi_failure import NvsmiFailure, failure_batch, parse_failures
 from moptd.gpu.readings import (
     FastReading,
     ProcessReading,
@@ -34,7 +37,7 @@ from moptd.gpu.readings import (
     StaticReading,
 )
 from moptd.located import LocatedError
-from moptd.observations import Batch
+from moptd.observations import NODE, Batch
 from moptd.proc.pci import pci_key
 
 MIB = 1024 * 1024
@@ -66,6 +69,9 @@ class NvsmiDump:
     cuda_version: str = ""
     gpus: list[NvsmiGpu] = field(default_factory=list)  # index order, as nvidia-smi shows
     problems: list[NvsmiProblem] = field(default_factory=list)
+    kind: str = ""  # what the file held: nvidia-smi-q, nvidia-smi-q-xml, nvidia-smi-table,
+    # nvidia-smi-failure
+    failures: list[NvsmiFailure] = field(default_factory=list)  # nvidia-smi's error lines
 
 
 # --- value parsers: text -> base units, None for N/A ------------------------------------
@@ -298,10 +304,15 @@ def parse_text(text: str, path: Path | str = "<text>") -> NvsmiDump:
         stack[-1][1].children.append(node)
         stack.append((indent, node))
     if not gpus and not any(c.key in ("driver version", "attached gpus") for c in header.children):
-        raise NvsmiError(path, 1, "not an nvidia-smi -q dump (no GPU section, no driver version)")
+        raise NvsmiError(
+            path,
+            1,
+            "not nvidia-smi output (no -q GPU section or driver version, no table, no "
+            "nvidia-smi error message)",
+        )
     dump.driver_version = _first(header, "driver version")
     dump.cuda_version = _first(header, "cuda version")
-    dump.timestamp = _timestamp(_first(header, "timestamp"))
+    dump.timestamp = parse_timestamp(_first(header, "timestamp"))
     for index, gpu in enumerate(gpus):
         dump.gpus.append(_gpu(index, gpu, dump, _TEXT))
     return dump
@@ -428,7 +439,7 @@ def _text_processes(section: _Node | None, r: _Reader) -> tuple[ProcessReading, 
 _TIME_FORMATS = ("%a %b %d %H:%M:%S %Y", "%a %b %d %H:%M:%S %Z %Y")
 
 
-def _timestamp(s: str) -> float | None:
+def parse_timestamp(s: str) -> float | None:
     """nvidia-smi's local-looking time (e.g. "Sun Nov 29 16:22:13 2026"), read as UTC."""
     t = " ".join(s.split())
     if not t:
@@ -466,7 +477,7 @@ def parse_xml(text: str, path: Path | str = "<xml>") -> NvsmiDump:
     top = _tree(root)
     dump.driver_version = _first(top, "driver_version")
     dump.cuda_version = _first(top, "cuda_version")
-    dump.timestamp = _timestamp(_first(top, "timestamp"))
+    dump.timestamp = parse_timestamp(_first(top, "timestamp"))
     index = 0
     for el in root.findall("gpu"):
         node = _tree(el)
@@ -746,11 +757,33 @@ _XML = _Format(1, _REASON_BITS_XML, _COUNTERS_XML, _xml_processes)
 
 
 def parse_dump(text: str, path: Path | str = "<dump>") -> NvsmiDump:
-    """Auto-detects XML or text."""
+    """Auto-detects XML, ``-q`` text, the default table or nvidia-smi's failure messages
+    (which can also follow a table or a dump: a GPU whose handle failed)."""
     head = text.lstrip()[:200]
     if head.startswith("<?xml") or head.startswith("<nvidia_smi_log") or "<!DOCTYPE" in head:
-        return parse_xml(text, path)
-    return parse_text(text, path)
+        dump = parse_xml(text, path)
+        dump.kind = "nvidia-smi-q-xml"
+        return dump
+    from moptd.gpu.nvsmi_table import looks_like_table, parse_table
+
+    failures = parse_failures(text)
+    # -q first: a file holding both a -q dump and a table is read for the richer dump
+    if _GPU_SECTION.search(text):
+        dump = parse_text(text, path)
+        dump.kind = "nvidia-smi-q"
+    elif looks_like_table(text):
+        dump = parse_table(text, path)
+        dump.kind = "nvidia-smi-table"
+    elif failures:
+        dump = NvsmiDump(Path(path), kind="nvidia-smi-failure")
+    else:
+        dump = parse_text(text, path)  # raises: not nvidia-smi output
+        dump.kind = "nvidia-smi-q"
+    dump.failures = failures
+    return dump
+
+
+_GPU_SECTION = re.compile(r"^GPU\s+[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:", re.MULTILINE)
 
 
 def read_dump(path: Path) -> NvsmiDump:
@@ -765,9 +798,56 @@ def read_dump(path: Path) -> NvsmiDump:
     return parse_dump(data.decode("utf-8", errors="replace"), path)
 
 
-def dump_to_batch(dump: NvsmiDump) -> Batch:
-    """The gpu.* (and process.gpu_memory) samples the NVML collector would have made."""
+def dump_to_batch(dump: NvsmiDump, index_by_bus: dict[str, int] | None = None) -> Batch:
+    """The gpu.* (and process.gpu_memory) samples the NVML collector would have made;
+    for failure messages, the samples of that NVML outcome (moptd.gpu.nvsmi_failure)."""
     batch = Batch()
     for g in dump.gpus:
         batch.extend(gpu_batch(g.static, g.fast, g.slow))
+    if dump.failures:
+        known = {g.static.pci_bus_id: g.static.index for g in dump.gpus}
+        batch.extend(failure_batch(dump.failures, {**(index_by_bus or {}), **known}))
+    elif dump.gpus:
+        batch.add("gpu.nvml_init_error", NODE, 0.0)  # nvidia-smi read GPUs: NVML started
     return batch
+
+
+_KIND_NAMES = {
+    "nvidia-smi-q": "nvidia-smi -q",
+    "nvidia-smi-q-xml": "nvidia-smi -q -x",
+    "nvidia-smi-table": "nvidia-smi",
+    "nvidia-smi-failure": "nvidia-smi failure",
+}
+
+
+def summary(dump: NvsmiDump) -> str:
+    """One line on what a dump held, for the list of what was read: "nvidia-smi -q: 8 ×
+    NVIDIA H100 80GB HBM3, driver 550.54.15", "nvidia-smi failure: ..." (the message)."""
+    head = _KIND_NAMES.get(dump.kind, "nvidia-smi")
+    parts: list[str] = []
+    names: dict[str, int] = {}
+    for g in dump.gpus:
+        names[g.static.name or "GPU"] = names.get(g.static.name or "GPU", 0) + 1
+    parts.extend(f"{n} × {name}" for name, n in names.items())
+    if dump.driver_version:
+        parts.append(f"driver {dump.driver_version}")
+    parts.extend(f.message for f in dump.failures)
+    return f"{head}: {', '.join(parts) or 'no GPU'}"
+
+
+def sniff(text: str) -> str | None:
+    """The kind of nvidia-smi output ``text`` is (a kind of NvsmiDump.kind), or None: for
+    sorting a paste by content (its place is gpu/nvidia-smi/). Reads no more than a table
+    or a failure check does; never raises."""
+    head = text.lstrip()[:200]
+    if head.startswith("<?xml") or head.startswith("<nvidia_smi_log"):
+        return "nvidia-smi-q-xml" if "<nvidia_smi_log" in text[:4096] else None
+    from moptd.gpu.nvsmi_table import looks_like_table
+
+    if _GPU_SECTION.search(text) or re.search(r"^==============NVSMI LOG", text, re.M):
+        return "nvidia-smi-q"
+    if looks_like_table(text):
+        return "nvidia-smi-table"
+    if parse_failures(text):
+        return "nvidia-smi-failure"
+    return None
