@@ -1,0 +1,69 @@
+"""The public real-incident corpus (tests/fixtures/incidents/): every bundle replayed, every
+`must` found and no `must_not` raised; every bundle says where its material came from.
+
+The expectations were written from the evidence and NVIDIA's documentation, not from what
+moptd prints (each SOURCE.md says why). bench/score_corpus.py scores the same bundles per code
+into docs/accuracy.md.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moptd.bundle import read_bundle
+from moptd.bundle.meta import FORMAT
+from moptd.diagnose.loader import default_rules_dir, load_rules
+from moptd.diagnose.model import RuleSet
+from moptd.diagnose.replay import replay_timeline
+from tests.expected_outcomes import judge, known_codes, load_expected
+
+INCIDENTS = Path(__file__).parent / "fixtures" / "incidents"
+BUNDLES = sorted(p for p in INCIDENTS.iterdir() if p.is_dir()) if INCIDENTS.is_dir() else []
+ADDRESS = re.compile(r"https?://[^\s)>\]]+")
+KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+@pytest.fixture(scope="module")
+def ruleset() -> RuleSet:
+    loaded = load_rules([default_rules_dir()])
+    assert loaded.errors == []
+    return loaded.ruleset
+
+
+def test_the_corpus_is_there() -> None:
+    assert len(BUNDLES) >= 28
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_bundle_is_documented(bundle: Path) -> None:
+    assert KEBAB.match(bundle.name), f"{bundle.name}: directory names are kebab-case"
+    source = bundle / "SOURCE.md"
+    assert source.is_file(), f"{bundle}: no SOURCE.md"
+    assert ADDRESS.search(source.read_text(encoding="utf-8")), f"{source}: no http(s) address"
+    meta = yaml.safe_load((bundle / "bundle.yaml").read_text(encoding="utf-8"))
+    assert isinstance(meta, dict), f"{bundle}/bundle.yaml: not a mapping"
+    assert meta.get("format") == FORMAT, f"{bundle}/bundle.yaml: format is not {FORMAT}"
+    expected = load_expected(bundle / "expected.yaml", known_codes())
+    assert any(expected.get(k) for k in ("must", "must_not")), f"{bundle}: nothing is expected"
+    evidence = [p for p in bundle.rglob("*") if p.is_file()]
+    assert {p.name for p in evidence} - {"SOURCE.md", "bundle.yaml", "expected.yaml"}, (
+        f"{bundle}: no evidence file"
+    )
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_incident(bundle: Path, ruleset: RuleSet) -> None:
+    expected = load_expected(bundle / "expected.yaml", known_codes())
+    report = replay_timeline(read_bundle(bundle), ruleset)
+    outcome = judge(expected, report.findings)
+    raised = sorted({(str(f["code"]), str(f["subject"])) for f in report.findings})
+    assert outcome.missed == [], f"missed {outcome.missed}; raised {raised}"
+    assert outcome.false_alarms == [], f"false alarms {outcome.false_alarms}"
+    for f in report.findings:
+        assert f["path"]
+        assert f["actions"]
+        assert f["summary"]
