@@ -40,6 +40,7 @@ COMMAND = "PYTHONPATH=. python bench/score_corpus.py"
 class Scored:
     bundle: str
     ok: bool = False
+    control: bool = False  # no `must`: a healthy or benign bundle, scored on its must_not only
     error: str = ""
     missed: list[str] = field(default_factory=list)
     false_alarms: list[str] = field(default_factory=list)
@@ -74,11 +75,13 @@ def score(
         s.error = str(e)
         return s
     wanted = sorted({str(w["code"]) for w in expected.get("must") or []})
+    s.control = not wanted
     try:
         findings = replay_timeline(read_bundle(path), ruleset).findings
     except Exception as e:  # noqa: BLE001 - a crash is scored (every must missed), not raised
         first = str(e).splitlines()[0] if str(e) else ""
-        s.error = f"{type(e).__name__}: {first}"
+        # paths relative to the repository, so the written report is the same on every checkout
+        s.error = f"{type(e).__name__}: {first}".replace(f"{repo}/", "")
         s.seconds = time.perf_counter() - t0
         s.must = {c: (0, 1) for c in wanted}
         s.missed = wanted
@@ -123,6 +126,11 @@ def table(results: list[Scored]) -> list[str]:
 def report(results: list[Scored]) -> str:
     passed = sum(r.ok for r in results)
     errors = sum(bool(r.error) for r in results)
+    controls = [r for r in results if r.control]
+    per_set = []
+    for rel in SETS:
+        mine = [r for r in results if r.bundle.startswith(rel + "/")]
+        per_set.append(f"`{rel}/` {sum(r.ok for r in mine)} of {len(mine)}")
     out = [
         "# Diagnosis accuracy on the real-incident corpus",
         "",
@@ -141,8 +149,16 @@ def report(results: list[Scored]) -> str:
         "a `must_not` entry of the code matched; *unlisted* counts bundles that raised the",
         "code although their expected.yaml does not mention it (not scored).",
         "",
+        "A corpus bundle is `tests/fixtures/incidents/<kebab-name>/`: `bundle.yaml`, the artifacts",
+        "someone else captured or pasted in public, copied verbatim to the paths of docs/bundle.md,",
+        "`SOURCE.md` (the address, what was copied, every adaptation, the reasoning behind the",
+        "expectation) and `expected.yaml`. A bundle with no `must` is a healthy or benign control,",
+        "scored on its `must_not` alone. A bundle that fails names a class of miss in moptd, not a",
+        "wrong expectation: the expectation changes only when the evidence was misread.",
+        "",
         f"**{passed} of {len(results)} bundles pass** (every must found, no must_not raised); "
-        f"{errors} could not be replayed.",
+        f"{errors} could not be replayed. By set: {'; '.join(per_set)}. Healthy or benign controls "
+        f"(no `must`): {sum(r.ok for r in controls)} of {len(controls)} pass.",
         "",
         *table(results),
         "",
