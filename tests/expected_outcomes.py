@@ -104,6 +104,6 @@ def load_expected(path: Path, codes: frozenset[str]) -> dict[str, Any]:
                 raise ValueError(f"{where}: want a mapping with a code")
             if extra := set(entry) - ENTRY_KEYS:
                 raise ValueError(f"{where}: unknown field(s) {sorted(extra)}")
-            if entry["code"] not in codes:
+            if not isinstance(entry["code"], str) or entry["code"] not in codes:
                 raise ValueError(f"{where}: {entry['code']!r} is not a diagnosis code")
     return data
