@@ -16,6 +16,7 @@ from moptd.cli import main
 from moptd.diagnose.loader import default_rules_dir
 from moptd.diagnose.replay import replay
 from moptd.proc.pci import normalize_pci
+from tests.expected_outcomes import check
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
@@ -24,26 +25,6 @@ BUNDLES = sorted(
     + [p for p in (FIXTURES / "bundles").iterdir() if (p / "expected.yaml").exists()]
 )
 GOLDEN = Path(__file__).parent / "golden" / "replay_sw_thermal.txt"
-
-
-def _matches(finding: dict[str, object], want: dict[str, object]) -> bool:
-    if finding["code"] != want["code"]:
-        return False
-    if "pci_bus_id" in want and normalize_pci(str(finding.get("pci_bus_id", ""))) != (
-        normalize_pci(str(want["pci_bus_id"]))
-    ):
-        return False
-    if "subject" in want and want.get("subject_certain", True):
-        return finding["subject"] == want["subject"]
-    return True
-
-
-def check(expected: dict[str, list[dict[str, object]]], findings: list[dict[str, object]]) -> None:
-    for want in expected.get("must") or []:
-        assert any(_matches(f, want) for f in findings), (want, findings)
-    for bad in expected.get("must_not") or []:
-        hits = [f for f in findings if _matches(f, bad)]
-        assert hits == [], bad
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
