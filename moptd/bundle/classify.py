@@ -61,7 +61,10 @@ _KERNEL = (
     rf"|\[{_WDAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]"  # dmesg -T
     rf"|{_ISO} "  # dmesg --time-format iso, journalctl -o short-iso, rsyslog
     rf"|{_MONTH} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]{{1,64}}(?:\[\d+\])?: "  # syslog
-    r'|\{.{0,400}"(?:MESSAGE|__CURSOR|_TRANSPORT)"\s*:)'  # journalctl -o json
+    r'|\{.{0,400}"(?:MESSAGE|__CURSOR|_TRANSPORT)"\s*:'  # journalctl -o json
+    # a kernel message without its stamp, as NVIDIA's documents and dmesg's continuation
+    # lines print it
+    r"|(?:NVRM|nvidia-nvswitch\d*|nvidia-nvlink|nvidia-modeset|nvidia-uvm|nvidia_uvm): )"
 )
 _VLLM = (
     r"(?:\([^()\n]{1,60}pid=\d+[^()\n]{0,20}\) )?"
@@ -132,7 +135,7 @@ _CONT: dict[str, re.Pattern[str]] = {
     "dkms-status": re.compile(r"[\w.+-]+(?:/|, )[\w.+~-]+.*: "),
     "meminfo": re.compile(r"[\w()]+:\s+\d+(?: kB)?\s*$"),
     "df": re.compile(r"\S+\s+\d+\s+\d+\s+\d+\s+\d+%\s+/"),
-    "prometheus": re.compile(r"# |[a-zA-Z_:][\w:]*(?:\{.*\})? \S"),
+    "prometheus": re.compile(r"# |[a-zA-Z_:][\w:]*(?:\{| \S)"),  # labels may pass the cut
     "moptd-samples": re.compile(r'\{"t": ?\d'),
     "kernel-log": re.compile(r"[ \t]+\S"),  # kmsg dictionary lines, continued messages
     "serving-log": re.compile(r"[ \t]+\S"),
@@ -277,7 +280,25 @@ def split(text: str) -> list[Section]:
             break
     if cur is not None:
         out.append(cur)
-    return [_refine(s) for s in out]
+    return _join_serving([_refine(s) for s in out], lines)
+
+
+def _join_serving(sections: list[Section], lines: list[str]) -> list[Section]:
+    """Text between two stretches of one serving log is that process's output too (a
+    progress bar after a blank line): one section."""
+    out: list[Section] = []
+    for s in sections:
+        if (
+            len(out) >= 2
+            and s.kind in _SERVING
+            and out[-1].kind == "prose"
+            and out[-2].kind == s.kind
+        ):
+            out.pop()
+            first = out.pop().first
+            s = Section(s.kind, first, s.last, lines[first - 1 : s.last])
+        out.append(s)
+    return out
 
 
 def _extend(cur: Section, lines: list[str], n: int, blank_run: int) -> None:

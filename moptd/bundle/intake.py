@@ -195,8 +195,8 @@ def _lay_raw(intake: Intake, layout: Layout, name: str, data: bytes) -> None:
             _unused(
                 name,
                 "too-large",
-                f"over the {MAX_INPUT_BYTES >> 20} MiB limit for one input; pass its end "
-                f"(e.g. tail -c {MAX_INPUT_BYTES >> 20}M {name})",
+                f"more than {MAX_INPUT_BYTES} bytes, the limit for one input; pass its end "
+                f"(e.g. tail -c {MAX_INPUT_BYTES} {name})",
             )
         )
         return
@@ -433,6 +433,7 @@ def _read(intake: Intake) -> Timeline:
             for entry in intake.read:
                 if entry.get("as") == rel:
                     entry.update(used=False, reason=f"{origin.at(e.line)}: {e.message}")
+                    entry["failed"] = True  # evidence that does not read: exit 3
                     entry.pop("as")
                     others = [x for x in intake.read if x["input"] == entry["input"]]
                     entry["whole"] = not any(x["used"] for x in others)
@@ -567,5 +568,6 @@ def _span(first: object, last: object) -> str:
 
 
 def unusable(read: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """The inputs that could not be used at all (the CLI exits 3 for them)."""
-    return [e for e in read if not e.get("used") and e.get("whole")]
+    """The inputs that could not be used at all, and the pasted evidence that did not read
+    (a truncated dump): the CLI exits 3 for them. Prose between pastes is not one."""
+    return [e for e in read if not e.get("used") and (e.get("whole") or e.get("failed"))]
