@@ -13,7 +13,8 @@ An entry of the read list is a dict: ``input`` (as named on the command line, or
 inside a bundle ``DIR/rel``), ``lines`` ([first, last] for a section of a file), ``kind``,
 ``used``; used ones carry ``as`` (the bundle path) and ``summary`` (what it held, in words)
 and ``held`` (the counts); unused ones ``reason`` and ``whole`` (true: the input as a whole
-could not be used, which the CLI's exit status reports).
+could not be used) or ``failed`` (true: a pasted section that looked like evidence did not
+read; ``at`` is its FILE:LINE): both make the CLI's exit status 3.
 """
 
 from __future__ import annotations
@@ -432,7 +433,7 @@ def _read(intake: Intake) -> Timeline:
             layout.remove(rel)
             for entry in intake.read:
                 if entry.get("as") == rel:
-                    entry.update(used=False, reason=f"{origin.at(e.line)}: {e.message}")
+                    entry.update(used=False, reason=e.message, at=origin.at(e.line))
                     entry["failed"] = True  # evidence that does not read: exit 3
                     entry.pop("as")
                     others = [x for x in intake.read if x["input"] == entry["input"]]
@@ -513,8 +514,11 @@ def _describe(
         parts = [_head(root / rel).strip()[:80]]
     else:
         lines, _ = _count_lines(root / rel)
+        section = entry.get("lines")
+        if isinstance(section, list) and len(section) == 2:  # a section appended to others
+            lines = int(section[1]) - int(section[0]) + 1
         held["lines"] = lines
-        parts = [f"{lines} lines"]
+        parts = [f"{lines} line{'' if lines == 1 else 's'}"]
     if held:
         entry["held"] = held
     entry["summary"] = f"{label}: {', '.join(p for p in parts if p)}" if parts else label

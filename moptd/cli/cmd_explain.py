@@ -241,7 +241,8 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
         return None
     bad = unusable(report.read)
     for entry in bad:
-        print(f"moptd explain: {entry['input']}: not used: {entry['reason']}", file=sys.stderr)
+        where = entry.get("at") or entry["input"]
+        print(f"moptd explain: {where}: not used: {entry['reason']}", file=sys.stderr)
     shown = " + ".join(inputs)
     used, unused = read_lines(report.read)
     notes = [f"Bundle {shown}: {report.steps} time steps replayed."]

@@ -88,7 +88,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     report = replay_timeline(tl, loaded.ruleset)
     bad = unusable(report.read)
     for entry in bad:
-        print(f"moptd replay: {entry['input']}: not used: {entry['reason']}", file=sys.stderr)
+        where = entry.get("at") or entry["input"]
+        print(f"moptd replay: {where}: not used: {entry['reason']}", file=sys.stderr)
     code = exit_status(report.findings, bool(bad))
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=1, sort_keys=False)

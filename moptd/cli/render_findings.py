@@ -34,7 +34,12 @@ def read_lines(read: list[dict[str, object]]) -> tuple[list[str], list[str]]:
         if e.get("used"):
             used.append(f"{e.get('summary') or e.get('kind')}  ({where})")
         else:
-            unused.append(f"{where}: {e.get('reason', 'not used')}")
+            at = str(e.get("at") or "")
+            # the line a dump stops reading at, where the section's own lines do not say it
+            at = (
+                f" (at {at})" if at and not where.endswith(f" line {at.rsplit(':', 1)[-1]}") else ""
+            )
+            unused.append(f"{where}: {e.get('reason', 'not used')}{at}")
     return used, unused
 
 
