@@ -224,6 +224,8 @@ def _lay_raw(intake: Intake, layout: Layout, name: str, data: bytes) -> None:
         for e in intake.read:
             if e["input"] == name:
                 e["whole"] = True
+                if e["kind"] == "prose" and len(sections) == 1:
+                    e["reason"] = "not a kind moptd reads (docs/bundle.md lists them)"
 
 
 def _name_hint(name: str, text: str) -> str | None:
@@ -340,16 +342,13 @@ def _mirror(intake: Intake, layout: Layout, name: str, root: Path) -> None:
         _lay_raw(intake, layout, origin.input, data)
         for e in intake.read[before:]:
             e["misnamed"] = rel
-            if not e["used"]:
+            if not e["used"] and e.get("whole") and e["kind"] == "prose":
                 e["reason"] = f"{e['reason']}; {_hint(rel)}"
     intake.read.extend(_bundle_entries(name, root, layout))
 
 
 def _hint(rel: str) -> str:
-    return (
-        f"{rel} is not a name docs/bundle.md gives; put a kernel log at kernel/dmesg.txt, "
-        "nvidia-smi output at gpu/nvidia-smi/NNN.txt, a serving log at serving/NAME/log.txt"
-    )
+    return f"{rel} is not a name docs/bundle.md gives either"
 
 
 def _bundle_entries(name: str, root: Path, layout: Layout | None) -> list[dict[str, object]]:
