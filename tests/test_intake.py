@@ -66,6 +66,7 @@ def kinds(text: str) -> list[str]:
         (H200 / "nvml_samples.jsonl", "moptd-samples"),
         (H200 / "oom_plain.txt", "python-log"),
         (PASTES / "negativo17-56-dkms-status.txt", "dkms-status"),
+        (PASTES / "tinygrad-20-rmmod.txt", "modprobe"),
         (PASTES / "trtllm-260-oom.txt", "trtllm-log"),
         (PASTES / "sglang-8826-scheduler.txt", "sglang-log"),
         (FIXTURES / "vllm-cpu" / "vllm_cpu_metrics_idle.txt", "prometheus"),
