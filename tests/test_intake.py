@@ -398,6 +398,36 @@ def test_sniff_and_lay_never_raise(data: bytes) -> None:
         split(data.decode("utf-8", "replace"))
 
 
+def test_past_the_section_limit_the_rest_is_named_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a shell session of many commands: prompt and output alternate
+    ticket = tmp_path / "ticket.txt"
+    ticket.write_text((PASTES / "nvidia-docker-365-ticket.txt").read_text() * 40)
+    assert main(["replay", str(ticket), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    last = out["read"][-1]
+    assert last["kind"] == "skipped"
+    assert last["failed"] is True
+    assert last["lines"][1] == 480
+    assert len(out["read"]) == classify.MAX_SECTIONS + 1
+
+
+def test_past_the_stray_limit_files_are_named_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = tmp_path / "b"
+    shutil.copytree(GSP_BUNDLE, bundle)
+    shutil.copy(H200 / "meminfo", bundle / "meminfo.txt")
+    shutil.copy(H200 / "df.txt", bundle / "z-df.txt")
+    monkeypatch.setattr(intake, "MAX_STRAYS", 1)
+    assert main(["replay", str(bundle), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    by_input = {e["input"].rsplit("/", 1)[-1]: e for e in out["read"]}
+    assert by_input["meminfo.txt"]["as"] == "host/meminfo"
+    assert by_input["z-df.txt"]["kind"] == "skipped"
+
+
 def test_cost_is_linear_on_hostile_lines() -> None:
     # lines built to make a backtracking pattern explode: every one is cut at
     # MAX_MATCH_CHARS and tested against two anchored patterns, so this takes milliseconds

@@ -3,10 +3,11 @@
 Pure and bounded. ``sniff`` looks at the first SNIFF_BYTES of raw input to tell text from
 binary data, compressed data and emptiness. ``split`` cuts text into sections, contiguous
 runs of lines of one kind (a ticket body holds several), with the prose between them as
-sections of kind ``prose``. Each line is tested against at most two anchored patterns (the
-current section's continuation, then one alternation of every kind's start), on at most
-MAX_MATCH_CHARS of the line, so the cost is linear in the input and no pattern backtracks
-over a long line.
+sections of kind ``prose``. Each line is tested against a fixed handful of anchored patterns
+(one alternation of every kind's start, the current section's continuation, and for a serving
+log its engine's shape), on at most MAX_MATCH_CHARS of the line, so the cost is linear in the
+input and no pattern backtracks over a long line. Past MAX_SECTIONS sections the rest is one
+section of kind ``skipped``.
 
 A kind's *start* is a line only that kind prints (``==============NVSMI LOG==============``,
 ``NVRM version:``, a vLLM ``INFO 11-29 16:29:57 [file.py:12]`` line); its *continuation* is
@@ -47,6 +48,7 @@ LABELS: dict[str, str] = {
     "prometheus": "/metrics scrape",
     "moptd-samples": "moptd NVML samples",
     "prose": "text",
+    "skipped": "not read",
 }
 
 _MONTH = r"(?:[Jj]an|[Ff]eb|[Mm]ar|[Aa]pr|[Mm]ay|[Jj]un|[Jj]ul|[Aa]ug|[Ss]ep|[Oo]ct|[Nn]ov|[Dd]ec)"
@@ -259,6 +261,10 @@ def split(text: str) -> list[Section]:
                     cur = None
             if cur is not None:
                 out.append(cur)
+                cur = None
+            if len(out) >= MAX_SECTIONS:
+                out.append(Section("skipped", start, len(lines), lines[start - 1 :]))
+                break
             cur = Section(kind, start, n, lines[start - 1 : n])
             family = fam
             docs = 1 if fam in _DOC_START and _DOC_START[fam].match(probe) else 0
@@ -267,17 +273,13 @@ def split(text: str) -> list[Section]:
         else:
             if cur is not None:
                 out.append(cur)
+                cur = None
+            if len(out) >= MAX_SECTIONS:
+                out.append(Section("skipped", n, len(lines), lines[n - 1 :]))
+                break
             cur = Section("prose", n, n, [line])
             family = ""
         blank_run = 0
-        if len(out) >= MAX_SECTIONS:
-            rest = lines[n:]
-            if cur is not None:
-                out.append(cur)
-            if rest:
-                out.append(Section("prose", n + 1, len(lines), rest))
-            cur = None
-            break
     if cur is not None:
         out.append(cur)
     return _join_serving([_refine(s) for s in out], lines)

@@ -46,6 +46,8 @@ from moptd.diagnose.timeline import Timeline
 # One pasted file at most as large as one member of a bundle (moptd.cli.bundle_guard).
 MAX_INPUT_BYTES = 128 << 20
 STDIN = "-"
+# Files at unknown names in one bundle that are sniffed; past this, each is named, not read.
+MAX_STRAYS = 1000
 _XID = re.compile(r"NVRM: Xid \(")
 _NVSMI_NAME = re.compile(r"^\s*Product Name\s+: (.+?)\s*$|<product_name>(.*?)</product_name>", re.M)
 _NVSMI_DRIVER = re.compile(
@@ -250,6 +252,14 @@ def _place(
         entry.update(used=False, reason="not a kind moptd reads (text between the pastes)")
         entry["whole"] = False
         return entry
+    if s.kind == "skipped":  # a bounded, reported skip: the input was not read in full
+        entry.update(
+            used=False,
+            whole=False,
+            failed=True,
+            reason=f"past {classify.MAX_SECTIONS} sections, not read; pass the pastes as files",
+        )
+        return entry
     if s.kind == "prometheus":
         entry.update(
             used=False,
@@ -299,6 +309,7 @@ def _strays(root: Path) -> list[str]:
 def _mirror(intake: Intake, layout: Layout, name: str, root: Path) -> None:
     """The bundle's files linked into the layout; files at unknown names classified."""
     prefix = name.rstrip("/") + "/"
+    strays = 0
     for rel in _walk(root):
         origin = Origin(prefix + rel, 1, copied=False)
         if NOT_EVIDENCE.match(rel):
@@ -333,6 +344,18 @@ def _mirror(intake: Intake, layout: Layout, name: str, root: Path) -> None:
                         "reason": why,
                     }
                 )
+            continue
+        strays += 1
+        if strays > MAX_STRAYS:
+            intake.read.append(
+                {
+                    "input": origin.input,
+                    "kind": "skipped",
+                    "used": False,
+                    "failed": True,
+                    "reason": f"past {MAX_STRAYS} files at unknown names in {name}, not read",
+                }
+            )
             continue
         data, why = _read_bounded(root / rel)
         if data is None:
