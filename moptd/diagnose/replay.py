@@ -107,5 +107,5 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
         seen.values(), key=lambda e: (str(e["subject"]), str(e["code"]), str(e["rule"]))
     )
     return ReplayReport(
-        str(tl.path), len(steps), sorted(tl.missing), findings, unknown, dict(tl.meta), tl.read
+        str(tl.path), len(steps), sorted(tl.missing), findings, unknown, dict(tl.meta), read=tl.read
     )
