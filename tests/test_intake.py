@@ -67,6 +67,8 @@ def kinds(text: str) -> list[str]:
         (H200 / "oom_plain.txt", "python-log"),
         (PASTES / "negativo17-56-dkms-status.txt", "dkms-status"),
         (PASTES / "tinygrad-20-rmmod.txt", "modprobe"),
+        (PASTES / "gpud-pstore-dmesg-erst.txt", "kernel-log"),  # <level>[uptime]
+        (PASTES / "gpud-fabricmanager.log", "fabricmanager-log"),
         (PASTES / "trtllm-260-oom.txt", "trtllm-log"),
         (PASTES / "sglang-8826-scheduler.txt", "sglang-log"),
         (FIXTURES / "vllm-cpu" / "vllm_cpu_metrics_idle.txt", "prometheus"),
@@ -338,6 +340,13 @@ def test_empty_binary_and_oversized_inputs_are_named(
     assert f"{garbage}: not used: binary data" in captured.err
     assert f"{big}: not used: more than 16384 bytes, the limit for one input" in captured.err
     assert "GSP_FIRMWARE_ERROR" in captured.out  # the usable input is still read
+
+
+def test_a_kind_moptd_does_not_read_is_named_as_such(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["replay", str(PASTES / "gpud-fabricmanager.log")]) == 3
+    assert "not used: moptd does not read Fabric Manager's log" in capsys.readouterr().err
 
 
 def test_a_missing_input_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

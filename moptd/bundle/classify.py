@@ -47,6 +47,7 @@ LABELS: dict[str, str] = {
     "df": "df -P",
     "prometheus": "/metrics scrape",
     "moptd-samples": "moptd NVML samples",
+    "fabricmanager-log": "NVIDIA Fabric Manager log",
     "prose": "text",
     "skipped": "not read",
 }
@@ -57,7 +58,7 @@ _ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
 _FACILITY = r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])"
 _LEVEL = r"(?:emerg|alert|crit|err|warn|notice|info|debug)"
 _KERNEL = (
-    rf"(?:{_FACILITY}\s*:{_LEVEL}\s*: )?"  # dmesg --decode
+    rf"(?:{_FACILITY}\s*:{_LEVEL}\s*: |<\d{{1,3}}>)?"  # dmesg --decode, dmesg --raw (pstore)
     r"(?:\d{1,3},\d{1,20},\d{1,20},[^;\n]{0,40};"  # /dev/kmsg
     r"|\[\s*\d{1,10}\.\d{1,9}\]"  # dmesg
     rf"|\[{_WDAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]"  # dmesg -T
@@ -104,6 +105,11 @@ _STARTS: tuple[tuple[str, str], ...] = (
     ("meminfo", r"MemTotal:\s+\d+ kB"),
     ("df", r"Filesystem\s+(?:1024-blocks|1K-blocks|\d+-blocks)\s+Used\s+Avail"),
     ("prometheus", r"# (?:HELP|TYPE) [a-zA-Z_:][\w:]* "),
+    (
+        "fabricmanager-log",
+        r"\[[A-Z][a-z]{2} [ \d]\d \d{4} \d\d:\d\d:\d\d\] "
+        r"\[(?:INFO|WARNING|ERROR|DEBUG)\] \[tid \d+\]",
+    ),
     ("moptd-samples", r'\{"t": ?\d+(?:\.\d+)?, ?"'),
     ("kernel-log", _KERNEL),
     ("vllm-log", _VLLM),
@@ -155,6 +161,8 @@ _DOC_START: dict[str, re.Pattern[str]] = {
     "nvidia-smi-xml": re.compile(r"\s*<\?xml "),
 }
 _XML_END = re.compile(r"\s*</nvidia_smi_log>")
+# logs whose messages run on over lines of any shape
+_ANY_NEXT_LINE = frozenset({"serving-log", "fabricmanager-log"})
 _UNAME = re.compile(r"\d+\.\d+(?:\.\d+)?[-+~\w.]*\s*$")
 
 
@@ -309,8 +317,8 @@ def _extend(cur: Section, lines: list[str], n: int, blank_run: int) -> None:
 
 
 def _continues(family: str, cur: Section, line: str, blank_run: int) -> bool:
-    if family == "serving-log" and blank_run == 0:
-        return True  # a serving process prints anything between its log lines
+    if family in _ANY_NEXT_LINE and blank_run == 0:
+        return True  # a process prints anything between its log lines
     if family == "nvidia-smi-xml" and _ends_xml(cur):
         return False
     cont = _CONT.get(family)
