@@ -530,3 +530,17 @@ def test_any_paste_of_real_lines_reads_or_is_named_never_crashes(lines: list[str
     assert tl.read
     for entry in tl.read:
         assert entry["used"] or entry["reason"]
+
+
+def test_the_library_reader_classifies_misnamed_files_too(tmp_path: Path) -> None:
+    # moptd.bundle.read_bundle (rule tests, the corpus, the bench) reads as the CLI does
+    from moptd.bundle import read_bundle
+
+    bundle = tmp_path / "b"
+    shutil.copytree(GSP_BUNDLE, bundle)
+    (bundle / "kernel" / "dmesg.txt").rename(bundle / "kernel" / "dmesg.log")
+    tl = read_bundle(bundle)
+    assert any(e.get("misnamed") == "kernel/dmesg.log" and e["used"] for e in tl.read)
+    assert tl.events
+    with pytest.raises(intake.BundleError, match=r"not a bundle directory or \.tar\.gz"):
+        read_bundle(XID119)

@@ -4,8 +4,7 @@ takes anything pasted (raw files, stdin, several at once, sniffed by content) th
 
 from moptd.bundle.archive import open_bundle
 from moptd.bundle.errors import BundleError
-from moptd.bundle.intake import read_inputs
+from moptd.bundle.intake import read_bundle, read_inputs
 from moptd.bundle.meta import FORMAT
-from moptd.bundle.reader import read_bundle
 
 __all__ = ["FORMAT", "BundleError", "open_bundle", "read_bundle", "read_inputs"]

@@ -92,6 +92,15 @@ def read_inputs(
         intake.close()
 
 
+def read_bundle(path: Path) -> Timeline:
+    """A bundle directory or ``.tar.gz`` read as ``moptd replay`` reads it: its files at
+    names the bundle does not know classified by content, never ignored. (No guard: the
+    CLI puts its limits on untrusted bundles before this.)"""
+    if not (path.is_dir() or (path.is_file() and _is_tar(path))):
+        raise BundleError(str(path), 0, "not a bundle directory or .tar.gz")
+    return read_inputs([str(path)])
+
+
 def gather(
     inputs: Sequence[str], stdin: BinaryIO | None = None, guard: Guard | None = None
 ) -> Intake:

@@ -37,6 +37,8 @@ from moptd.serving.bundle import ServingBundleError, read_serving_dir
 
 
 def read_bundle(path: Path) -> Timeline:
+    """The files at the bundle's own names only; ``moptd.bundle.read_bundle`` (intake)
+    also classifies the files at other names, and is the one the commands use."""
     root, tmp = open_bundle(path)
     try:
         return _read(root, path)
