@@ -553,6 +553,9 @@ def _describe(
             lines = int(section[1]) - int(section[0]) + 1
         held["lines"] = lines
         parts = [f"{lines} line{'' if lines == 1 else 's'}"]
+    files = entry.pop("files", None)  # thousands of scrape names say less than their count
+    if isinstance(files, list):
+        held["files"] = len(files)
     if held:
         entry["held"] = held
     entry["summary"] = f"{label}: {', '.join(p for p in parts if p)}" if parts else label
