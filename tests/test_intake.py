@@ -351,7 +351,14 @@ def test_a_kind_moptd_does_not_read_is_named_as_such(
 
 def test_a_missing_input_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "nope.txt")]) == 3
-    assert "nope.txt: not used: cannot read: No such file or directory" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "nope.txt: not used: cannot read: No such file or directory" in captured.err
+    assert "No findings: nothing could be read." in captured.out  # no green all-clear
+
+
+def test_a_device_is_not_read(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "/dev/zero"]) == 3  # would never end
+    assert "/dev/zero: not used: a device node, not a file" in capsys.readouterr().err
 
 
 def test_a_truncated_dump_in_a_ticket_is_named_with_its_line_and_the_rest_is_read(

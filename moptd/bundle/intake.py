@@ -42,6 +42,7 @@ from moptd.bundle.layout import (
 )
 from moptd.bundle.reader import read_tree
 from moptd.diagnose.timeline import Timeline
+from moptd.safefs import kind_of
 
 # One pasted file at most as large as one member of a bundle (moptd.cli.bundle_guard).
 MAX_INPUT_BYTES = 128 << 20
@@ -147,8 +148,10 @@ def _gather(
             bundles.append((name, path))
         elif stat.S_ISREG(st.st_mode) and _is_tar(path):
             bundles.append((name, _open_tar(intake, path, guard)))
-        else:
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode):  # a pipe: <(dmesg)
             raws.append((name, *_read_bounded(path)))
+        else:  # /dev/zero never ends; a socket is not a paste
+            raws.append((name, None, f"a {kind_of(st.st_mode)}, not a file"))
     # The common case stays as it was: one bundle directory whose files all have their
     # names is read in place.
     if len(inputs) == 1 and bundles and not raws:

@@ -65,7 +65,10 @@ def render_replay(
     out.print(
         f"{report.steps} steps; missing evidence: {', '.join(report.missing_evidence) or 'none'}"
     )
-    if not report.findings:
+    if not report.findings and not used:
+        # never a green all-clear over nothing
+        out.print(Text("No findings: nothing could be read.", style="bold yellow"))
+    elif not report.findings:
         out.print(Text("No findings.", style="green"))
     else:
         n = len(report.findings)
