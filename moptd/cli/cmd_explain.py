@@ -248,6 +248,8 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     notes = [f"Bundle {shown}: {report.steps} time steps replayed."]
     notes += [f"Read {line}" for line in used]
     notes += [f"Not used: {line}" for line in unused]
+    if not used:
+        notes.append("Nothing could be read: no findings below says nothing about health.")
     if report.missing_evidence:
         notes.append(
             "Missing from the bundle (evidence unknown): " + ", ".join(report.missing_evidence)
