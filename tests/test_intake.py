@@ -68,6 +68,10 @@ def kinds(text: str) -> list[str]:
         (PASTES / "negativo17-56-dkms-status.txt", "dkms-status"),
         (PASTES / "tinygrad-20-rmmod.txt", "modprobe"),
         (PASTES / "gpud-pstore-dmesg-erst.txt", "kernel-log"),  # <level>[uptime]
+        (PASTES / "open-gpu-1150-kernel-prefix.txt", "kernel-log"),  # kernel: NVRM: ...
+        (PASTES / "gpud-870-dmesg-decode-syslog.txt", "kernel-log"),  # syslog:err : iso
+        (PASTES / "open-gpu-1151-journal.txt", "kernel-log"),
+        (PASTES / "open-gpu-421-nvsmi-excerpt.txt", "nvidia-smi-q"),  # a dump's middle
         (PASTES / "gpud-fabricmanager.log", "fabricmanager-log"),
         (PASTES / "trtllm-260-oom.txt", "trtllm-log"),
         (PASTES / "sglang-8826-scheduler.txt", "sglang-log"),

@@ -62,12 +62,16 @@ _KERNEL = (
     r"(?:\d{1,3},\d{1,20},\d{1,20},[^;\n]{0,40};"  # /dev/kmsg
     r"|\[\s*\d{1,10}\.\d{1,9}\]"  # dmesg
     rf"|\[{_WDAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]"  # dmesg -T
-    rf"|{_ISO} "  # dmesg --time-format iso, journalctl -o short-iso, rsyslog
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:\d\d "  # dmesg --time-format iso
+    # journalctl -o short-iso, rsyslog: the host and the program after the stamp (an
+    # application's own ISO-stamped log is not a kernel log)
+    rf"|{_ISO} \S+ [\w.@/-]{{1,64}}(?:\[\d+\])?: "
     rf"|{_MONTH} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]{{1,64}}(?:\[\d+\])?: "  # syslog
     r'|\{.{0,400}"(?:MESSAGE|__CURSOR|_TRANSPORT)"\s*:'  # journalctl -o json
     # a kernel message without its stamp, as NVIDIA's documents and dmesg's continuation
-    # lines print it
-    r"|(?:NVRM|nvidia-nvswitch\d*|nvidia-nvlink|nvidia-modeset|nvidia-uvm|nvidia_uvm): )"
+    # lines print it, or as `journalctl -o cat`-like pastes keep it ("kernel: NVRM: ...")
+    r"|(?:NVRM|nvidia-nvswitch\d*|nvidia-nvlink|nvidia-modeset|nvidia-uvm|nvidia_uvm): "
+    r"|kernel: )"
 )
 _VLLM = (
     r"(?:\([^()\n]{1,60}pid=\d+[^()\n]{0,20}\) )?"
@@ -84,7 +88,9 @@ _PYTHON = (
 )
 # kind -> the pattern of a line that starts it (tested at the start of the line)
 _STARTS: tuple[tuple[str, str], ...] = (
-    ("nvidia-smi-q", r"=+NVSMI LOG=+\s*$"),
+    # its header, or a line of its body: indented, the colon aligned far right (a paste of
+    # the middle of a dump; the reader then says what is missing)
+    ("nvidia-smi-q", r"=+NVSMI LOG=+\s*$|[ \t]{4,}\S[^:\n]*?\S {8,}: \S"),
     ("nvidia-smi-xml", r"\s*(?:<\?xml |<!DOCTYPE nvidia_smi_log|<nvidia_smi_log\b)"),
     ("nvidia-smi-table", r"\|\s*NVIDIA-SMI \d"),
     (
@@ -163,7 +169,8 @@ _DOC_START: dict[str, re.Pattern[str]] = {
 _XML_END = re.compile(r"\s*</nvidia_smi_log>")
 # logs whose messages run on over lines of any shape
 _ANY_NEXT_LINE = frozenset({"serving-log", "fabricmanager-log"})
-_UNAME = re.compile(r"\d+\.\d+(?:\.\d+)?[-+~\w.]*\s*$")
+# uname -r: 6.18.44-fc-v657-gpu, 5.15.0-105-generic, 4.18.0-553.el8_10.x86_64 (not "1.0")
+_UNAME = re.compile(r"\d+\.\d+(?:\.\d+[-+~\w.]*|-[-+~\w.]+)\s*$")
 
 
 @dataclass
