@@ -65,7 +65,7 @@ _KERNEL = (
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:\d\d "  # dmesg --time-format iso
     # journalctl -o short-iso, rsyslog: the host and the program after the stamp (an
     # application's own ISO-stamped log is not a kernel log)
-    rf"|{_ISO} \S+ [\w.@/-]{{1,64}}(?:\[\d+\])?: "
+    rf"|{_ISO} (?:\S+ )?[\w.@/-]{{1,64}}(?:\[\d+\])?: "  # --no-hostname: no host
     rf"|{_MONTH} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]{{1,64}}(?:\[\d+\])?: "  # syslog
     r'|\{.{0,400}"(?:MESSAGE|__CURSOR|_TRANSPORT)"\s*:'  # journalctl -o json
     # a kernel message without its stamp, as NVIDIA's documents and dmesg's continuation
