@@ -95,14 +95,14 @@ def test_tar_gz_bundle(tmp_path: Path) -> None:
         ("host/swappiness", "\u00b2\n", "host/swappiness:1: not a number"),
     ],
 )
-def test_malformed_file_exits_2_naming_file_and_line(
+def test_malformed_file_exits_3_naming_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], rel: str, text: str, message: str
 ) -> None:
     bundle = tmp_path / "b"
     shutil.copytree(FIXTURES / "scenarios" / "row-remap-pending-a10", bundle)
     (bundle / rel).parent.mkdir(parents=True, exist_ok=True)
     (bundle / rel).write_text(text)
-    assert main(["replay", str(bundle)]) == 2
+    assert main(["replay", str(bundle)]) == 3
     err = capsys.readouterr().err
     assert err.startswith(f"moptd replay: {bundle}/{message}"), err
 
@@ -111,16 +111,20 @@ def test_unreadable_nvidia_smi_dump(tmp_path: Path, capsys: pytest.CaptureFixtur
     bundle = tmp_path / "b"
     (bundle / "gpu" / "nvidia-smi").mkdir(parents=True)
     (bundle / "gpu" / "nvidia-smi" / "001.xml").write_text("<nvidia_smi_log><gpu>")
-    assert main(["replay", str(bundle)]) == 2
+    assert main(["replay", str(bundle)]) == 3
     err = capsys.readouterr().err
     assert err.startswith(f"moptd replay: {bundle}/gpu/nvidia-smi/001.xml:"), err
 
 
-def test_not_a_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_file_of_no_known_kind_is_named_not_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a raw file is read by its content (issue 17); one that holds no kind moptd reads is
+    # named, with the reason, and the exit status says an input could not be used
     f = tmp_path / "x.txt"
     f.write_text("hi")
-    assert main(["replay", str(f)]) == 2
-    assert "not a bundle directory or .tar.gz" in capsys.readouterr().err
+    assert main(["replay", str(f)]) == 3
+    assert f"{f}: not used: not a kind moptd reads" in capsys.readouterr().err
 
 
 # --- property-based: the readers never fail other than with BundleError ----------------

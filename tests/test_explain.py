@@ -238,7 +238,7 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     bad.mkdir()
     (bad / "bundle.yaml").write_text("format: something-else\n")
     out = moptd("explain", "--bundle", str(bad))
-    assert out.returncode == 2
+    assert out.returncode == 3  # an input that could not be used, as `moptd replay`
     assert "bundle.yaml" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -405,7 +405,7 @@ def test_terminal_soft_wraps_commands_only():
 
 def test_json_is_the_old_shape_plus_added_fields():
     body = drill_json()
-    assert set(body) == {"source", "notes", "findings", "time", "asked"}
+    assert set(body) == {"source", "notes", "findings", "time", "asked", "read"}
     old = {
         "code", "subject", "severity", "rule", "summary", "first_seen", "last_seen",
         "evidence", "path", "actions", "runbook", "state", "events", "related",

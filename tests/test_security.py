@@ -214,7 +214,8 @@ def _refused(bundle: Path, member: str, *, command: str = "replay") -> str:
     start = time.monotonic()
     args = ("replay", str(bundle)) if command == "replay" else ("explain", "--bundle", str(bundle))
     out = moptd(*args)
-    assert out.returncode == 2, out.stdout + out.stderr
+    # 3: an input that could not be used (bundle spec, issue 17)
+    assert out.returncode == 3, out.stdout + out.stderr
     assert f"{member}:" in out.stderr, out.stderr
     assert "bundle refused" in out.stderr
     assert "Traceback" not in out.stderr

@@ -11,8 +11,8 @@ live, once:
   ``moptd record`` writes;
 - host/, kernel/ (but dmesg), container/: the host, driver and container collectors
   themselves, over the bundle's files (moptd.bundle.sources);
-- kernel/dmesg.txt: ``parse_kernel_log`` and ``records_to_events``, as the kernel-log
-  collector;
+- kernel/dmesg.txt (and kernel/dmesg*.txt beside it): ``parse_kernel_log`` and
+  ``records_to_events``, as the kernel-log collector;
 - serving/<name>/: ``moptd.serving.bundle.read_serving_dir``, the serving collector's
   parsers.
 """
@@ -38,12 +38,19 @@ from moptd.serving.bundle import ServingBundleError, read_serving_dir
 
 
 def read_bundle(path: Path) -> Timeline:
+    """The files at the bundle's own names only; ``moptd.bundle.read_bundle`` (intake)
+    also classifies the files at other names, and is the one the commands use."""
     root, tmp = open_bundle(path)
     try:
         return _read(root, path)
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def read_tree(root: Path, shown: Path) -> Timeline:
+    """The bundle directory at ``root`` (already opened), named ``shown`` in the report."""
+    return _read(root, shown)
 
 
 def _read(root: Path, shown: Path) -> Timeline:
@@ -135,8 +142,10 @@ def _read_kernel(
     first: float | None,
     start: float | None,
 ) -> None:
-    path = root / "kernel" / "dmesg.txt"
-    if not path.exists():
+    # kernel/dmesg.txt, and kernel/dmesg*.txt beside it (several pasted kernel logs)
+    folder = root / "kernel"
+    paths = sorted(folder.glob("dmesg*.txt")) if folder.is_dir() else []
+    if not paths:
         tl.missing.append("kernel/dmesg.txt")
         tl.missing_namespaces.add("kernel")
         return
@@ -145,7 +154,15 @@ def _read_kernel(
     if start is not None:
         year = datetime.fromtimestamp(start).year  # noqa: DTZ006 - only the year is used
     boot_time = boot if isinstance(boot, int | float) else None
-    records = parse_kernel_log(read_text(path), boot_time, year)
+    records = []
+    for path in paths:
+        got = parse_kernel_log(read_text(path), boot_time, year)
+        times = [r.t for r in got if r.t is not None]
+        rel = path.relative_to(root).as_posix()
+        held = {"records": len(got), "first": min(times, default=None)}
+        held["last"] = max(times, default=None)
+        tl.read.append({"input": rel, "kind": "kernel-log", "used": True, "as": rel, "held": held})
+        records.extend(got)
     default = first
     if default is None:
         default = min((r.t for r in records if r.t is not None), default=start or 0.0)

@@ -19,7 +19,8 @@ from typing import Any
 
 from moptd.cli import EXIT_USAGE
 
-EXIT_BUNDLE = 2
+EXIT_BUNDLE = 2  # no runbook for the code
+EXIT_BAD_INPUT = 3  # a bundle or pasted file that could not be used, as `moptd replay`
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,7 +48,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--offline", action="store_true", help="do not ask the daemon")
-    p.add_argument("--bundle", metavar="B", help="explain a bundle (directory or .tar.gz)")
+    p.add_argument(
+        "--bundle",
+        metavar="B",
+        action="append",
+        help="explain a bundle (directory or .tar.gz) or pasted files (any kind moptd replay "
+        "reads, - for standard input); repeatable",
+    )
     p.add_argument("--config", metavar="PATH", help="configuration file")
     p.set_defaults(func=cmd_explain)
 
@@ -80,9 +87,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.bundle:
         from moptd.diagnose.loader import default_rules_dir
 
-        view = bundle_view(Path(args.bundle))
+        view = bundle_view(list(args.bundle))
         if view is None:
-            return EXIT_BUNDLE
+            return EXIT_BAD_INPUT
         rule_paths: list[str | Path] = [default_rules_dir()]
     else:
         config = load(args)
@@ -112,13 +119,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     ]
     add_related(view["findings"])
     if args.json:
-        json.dump({k: v for k, v in view.items() if k != "gpus"}, sys.stdout, indent=2, default=str)
+        shown = {k: v for k, v in view.items() if k not in ("gpus", "unusable")}
+        json.dump(shown, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         from moptd.cli.render_explain import print_explain
 
         print_explain(view, verbose=args.verbose)
-    return 0
+    return EXIT_BAD_INPUT if view.get("unusable") else 0
 
 
 def print_runbook(code: str | None) -> int:
@@ -213,10 +221,12 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
     return out, gpus
 
 
-def bundle_view(path: Path) -> dict[str, Any] | None:
-    """The live engine over a bundle; "now" is the bundle's last time step."""
-    from moptd.bundle import BundleError, read_bundle
+def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
+    """The live engine over a bundle or pasted files; "now" is the last time step."""
+    from moptd.bundle import BundleError
+    from moptd.bundle.intake import read_inputs, unusable
     from moptd.cli.bundle_guard import check_bundle
+    from moptd.cli.render_findings import read_lines
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
 
@@ -224,13 +234,22 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         loaded = load_rules([default_rules_dir()])
         if loaded.errors:
             raise ValueError("; ".join(map(str, loaded.errors)))
-        check_bundle(path)  # its BundleRefused is a ValueError
-        tl = read_bundle(path)
+        tl = read_inputs(inputs, sys.stdin.buffer, check_bundle)  # BundleRefused: ValueError
         report = replay_timeline(tl, loaded.ruleset)
     except (BundleError, ValueError) as exc:
         print(f"moptd explain: {exc}", file=sys.stderr)
         return None
-    notes = [f"Bundle {path}: {report.steps} time steps replayed."]
+    bad = unusable(report.read)
+    for entry in bad:
+        where = entry.get("at") or entry["input"]
+        print(f"moptd explain: {where}: not used: {entry['reason']}", file=sys.stderr)
+    shown = " + ".join(inputs)
+    used, unused = read_lines(report.read)
+    notes = [f"Bundle {shown}: {report.steps} time steps replayed."]
+    notes += [f"Read {line}" for line in used]
+    notes += [f"Not used: {line}" for line in unused]
+    if not used:
+        notes.append("Nothing could be read: no findings below says nothing about health.")
     if report.missing_evidence:
         notes.append(
             "Missing from the bundle (evidence unknown): " + ", ".join(report.missing_evidence)
@@ -255,6 +274,8 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
     return {
         "source": "bundle",
         "notes": notes,
+        "read": report.read,
+        "unusable": bool(bad),
         "findings": findings,
         "time": steps[-1] if steps else time.time(),
         "gpus": bundle_gpus(tl),

@@ -1,4 +1,5 @@
-"""`moptd replay BUNDLE [--json] [--rules DIR]`: the diagnosis a live daemon would have given."""
+"""`moptd replay INPUT... [--json] [--verbose] [--rules DIR]`: the diagnosis a live daemon
+would have given, over a bundle or over whatever was pasted (docs/bundle.md)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,54 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_BAD_BUNDLE = 2
-EXIT_BAD_RULES = 1
+# as `moptd doctor`: the worst finding's severity; 3: an input that could not be used
+EXIT_BY_SEVERITY = {"critical": 2, "warning": 1}
+EXIT_BAD_INPUT = 3
+EXIT_BAD_BUNDLE = EXIT_BAD_INPUT
+EXIT_BAD_RULES = EXIT_BAD_INPUT
+
+EPILOG = """\
+INPUT is a bundle directory, a .tar.gz bundle, or any file as it was pasted into a ticket:
+a kernel log (dmesg in any format, journalctl -k, syslog, /dev/kmsg), nvidia-smi -q, -q -x,
+the nvidia-smi table or its failure message, a vLLM, SGLang, TensorRT-LLM or PyTorch log,
+modprobe/insmod output, lsmod or /proc/modules, ls -l /dev/nvidia*,
+/proc/driver/nvidia/version, dkms status; or one file holding several of these (a ticket
+body), or - for standard input. The content decides what a file is, not its name; the
+report starts with what was read and names every file or section that was not used.
+
+examples:
+  moptd replay ticket-1234.txt
+  moptd replay dmesg.txt nvidia-smi-q.txt vllm.log
+  journalctl -k -b | moptd replay -
+  moptd replay bundle.tar.gz --json
+
+exit status: 0 no warning or critical finding, 1 the worst is a warning, 2 the worst is
+critical, 3 an input (or a --rules file) could not be used at all.
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("replay", help="evaluate the rules over a recorded bundle")
-    p.add_argument("bundle", metavar="BUNDLE", help="bundle directory or .tar.gz")
+    p = sub.add_parser(
+        "replay",
+        help="evaluate the rules over a recorded bundle or pasted files",
+        description="Evaluate the rules over a bundle or pasted files, as a live daemon "
+        "would have over that evidence.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="bundle directory, .tar.gz, a pasted file, or - (standard input)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list the rules left undecided for missing evidence, with their conditions",
+    )
     p.add_argument(
         "--rules",
         action="append",
@@ -27,27 +68,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from moptd.bundle import BundleError, read_bundle
+    from moptd.bundle import BundleError
+    from moptd.bundle.intake import read_inputs, unusable
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
-    from moptd.diagnose.loader import default_rules_dir
-    from moptd.diagnose.replay import RulesInvalid, replay
+    from moptd.diagnose.loader import default_rules_dir, load_rules
+    from moptd.diagnose.replay import replay_timeline
 
     rules = [Path(r) for r in args.rules] or [default_rules_dir()]
-    try:
-        check_bundle(Path(args.bundle))
-        report = replay(Path(args.bundle), rules, read_bundle)
-    except (BundleError, BundleRefused) as e:
-        print(f"moptd replay: {e}", file=sys.stderr)
-        return EXIT_BAD_BUNDLE
-    except RulesInvalid as e:
-        for err in e.errors:
+    loaded = load_rules(rules)
+    if loaded.errors:
+        for err in loaded.errors:
             print(err, file=sys.stderr)
         return EXIT_BAD_RULES
+    try:
+        tl = read_inputs(args.inputs, sys.stdin.buffer, check_bundle)
+    except (BundleError, BundleRefused) as e:
+        print(f"moptd replay: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    report = replay_timeline(tl, loaded.ruleset)
+    bad = unusable(report.read)
+    for entry in bad:
+        where = entry.get("at") or entry["input"]
+        print(f"moptd replay: {where}: not used: {entry['reason']}", file=sys.stderr)
+    code = exit_status(report.findings, bool(bad))
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=1, sort_keys=False)
         sys.stdout.write("\n")
-        return 0
+        return code
     from moptd.cli.render_findings import render_replay
 
-    render_replay(report)
-    return 0
+    render_replay(report, verbose=args.verbose)
+    return code
+
+
+def exit_status(findings: list[dict[str, object]], input_unusable: bool) -> int:
+    if input_unusable:
+        return EXIT_BAD_INPUT
+    return max((EXIT_BY_SEVERITY.get(str(f.get("severity")), 0) for f in findings), default=0)

@@ -21,16 +21,54 @@ def _time(t: object) -> str:
     return datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def render_replay(report: ReplayReport, console: Console | None = None) -> None:
+def read_lines(read: list[dict[str, object]]) -> tuple[list[str], list[str]]:
+    """(what was read, what was not used), one line each, for a person."""
+    used: list[str] = []
+    unused: list[str] = []
+    for e in read:
+        where = str(e.get("input", "?"))
+        lines = e.get("lines")
+        if isinstance(lines, list) and len(lines) == 2:
+            a, b = lines
+            where += f" line {a}" if a == b else f" lines {a}-{b}"
+        if e.get("used"):
+            used.append(f"{e.get('summary') or e.get('kind')}  ({where})")
+        else:
+            at = str(e.get("at") or "")
+            # the line a dump stops reading at, where the section's own lines do not say it
+            at = (
+                f" (at {at})" if at and not where.endswith(f" line {at.rsplit(':', 1)[-1]}") else ""
+            )
+            unused.append(f"{where}: {e.get('reason', 'not used')}{at}")
+    return used, unused
+
+
+def render_replay(
+    report: ReplayReport, console: Console | None = None, *, verbose: bool = False
+) -> None:
     # piped (into a ticket) nothing is wrapped: a command or condition stays one line
     out = console or Console(width=None if Console().is_terminal else _UNWRAPPED)
     host = report.meta.get("host")
     head = f"Replay of {report.bundle}" + (f" (host {host})" if host else "")
     out.print(Text(head, style="bold"))
+    used, unused = read_lines(report.read)
+    if used:
+        read_tree = Tree(Text("Read", style="bold"))
+        for line in used:
+            read_tree.add(line)
+        out.print(read_tree)
+    if unused:
+        not_used = Tree(Text("Not used", style="bold yellow"))
+        for line in unused:
+            not_used.add(line)
+        out.print(not_used)
     out.print(
         f"{report.steps} steps; missing evidence: {', '.join(report.missing_evidence) or 'none'}"
     )
-    if not report.findings:
+    if not report.findings and not used:
+        # never a green all-clear over nothing
+        out.print(Text("No findings: nothing could be read.", style="bold yellow"))
+    elif not report.findings:
         out.print(Text("No findings.", style="green"))
     else:
         n = len(report.findings)
@@ -63,7 +101,14 @@ def render_replay(report: ReplayReport, console: Console | None = None) -> None:
         if f.get("runbook"):
             tree.add(f"runbook: {f['runbook']}")
         out.print(tree)
-    if report.unknown:
+    if report.unknown and not verbose:
+        rules = {str(u["rule"]) for u in report.unknown}
+        n = len(rules)
+        out.print(
+            f"{n} rule{'' if n == 1 else 's'} undecided for missing evidence (never read as "
+            "healthy); --verbose lists them"
+        )
+    elif report.unknown:
         undecided = Tree(
             Text("Undecided for missing evidence (never read as healthy)", style="bold")
         )

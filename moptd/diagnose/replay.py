@@ -33,6 +33,7 @@ class ReplayReport:
     findings: list[dict[str, object]]
     unknown: list[dict[str, object]] = field(default_factory=list)
     meta: dict[str, object] = field(default_factory=dict)
+    read: list[dict[str, object]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -41,6 +42,7 @@ class ReplayReport:
             "missing_evidence": self.missing_evidence,
             "findings": self.findings,
             "unknown": self.unknown,
+            "read": self.read,
         }
 
 
@@ -105,5 +107,5 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
         seen.values(), key=lambda e: (str(e["subject"]), str(e["code"]), str(e["rule"]))
     )
     return ReplayReport(
-        str(tl.path), len(steps), sorted(tl.missing), findings, unknown, dict(tl.meta)
+        str(tl.path), len(steps), sorted(tl.missing), findings, unknown, dict(tl.meta), read=tl.read
     )

@@ -27,6 +27,8 @@ class Timeline:
     missing: list[str] = field(default_factory=list)
     missing_namespaces: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    # what was read: one entry per input file or pasted section (moptd.bundle.intake)
+    read: list[dict[str, object]] = field(default_factory=list)
 
     def steps(self) -> list[float]:
         times = {t for t, _, _ in self.observations} | {e.t for e in self.events}

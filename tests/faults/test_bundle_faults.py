@@ -1,7 +1,7 @@
 """Hostile bundles (issue 18, items 7 and 11): refused by name, quickly, in bounded memory.
 
 Each case is a bundle as a ticket could carry it. `moptd replay` runs as a real
-subprocess and must exit 2 with the member named, never hang, never print a traceback and
+subprocess and must exit 3 with the member named, never hang, never print a traceback and
 never read what a link points to; the in-process cases measure the guard's memory.
 """
 
@@ -42,7 +42,8 @@ def replay(bundle: Path) -> subprocess.CompletedProcess[str]:
 def refused(bundle: Path, member: str) -> str:
     start = time.monotonic()
     out = replay(bundle)
-    assert out.returncode == 2, out.stdout + out.stderr
+    # 3: an input that could not be used (bundle spec, issue 17)
+    assert out.returncode == 3, out.stdout + out.stderr
     assert f"{member}:" in out.stderr, out.stderr
     assert "bundle refused" in out.stderr
     assert "Traceback" not in out.stderr
