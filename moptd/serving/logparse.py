@@ -37,6 +37,7 @@ _VERSION = re.compile(
     r"(?:vLLM server version (?P<a>[\w.+-]+)|Initializing a V1 LLM engine \(v(?P<b>[\w.+-]+)\)"
     r"|^\s*\S.*\bversion (?P<c>\d+\.\d+\.\d+\S*)\s*$)"
 )
+_ACCESS = re.compile(r'\d+ - "(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) \S+ HTTP/1\.[01]" \d{3}')
 _WATCHDOG = re.compile(r"\[Watchdog\]\s*Dumped stack to (?P<path>\S+) due to (?P<why>.*)")
 _SHM = re.compile(r"No available shared memory broadcast block found in (?P<secs>\d+) seconds?")
 # "(exit code: N)" since 0.10; earlier releases print none
@@ -289,8 +290,9 @@ class LogState:
     started: bool = False
     shutting_down: bool = False  # a requested stop is under way: engine-death lines are noise
     # The log shows the engine starting (loading, compiling, profiling) and it has neither
-    # said it listens nor reported a stats line since. Unknown (a log followed from its
-    # middle) reads as serving.
+    # said it listens nor reported a stats line since. A log that has shown neither (a
+    # single pasted line, or a log followed from its middle) puts a hang line in phase
+    # "unknown": the rule wants more than one shared-memory wait there.
     loading: bool = False
     last_stats: dict[str, object] = field(default_factory=dict)
     last_stats_t: float | None = None
@@ -303,9 +305,14 @@ class LogState:
     # both bind an internal port (any free one), so its "Address already in use" is not the
     # serving port (vllm#11617).
     internal_bind: bool = False
+    # The API server's access log answered a request (uvicorn: `IP:PORT - "GET /... HTTP/1.1"
+    # 200`): it listens, so the engine behind it has started, whatever came before.
+    answered: bool = False
 
     def observe(self, line: str) -> None:
         """Every line, parsed or not, before ``update``: the context a record needs."""
+        if not self.answered and " HTTP/1." in line and _ACCESS.search(line[:1024]):
+            self.answered = True
         if "Traceback (most recent call last)" in line:
             self.internal_bind = False
         elif "get_open_port" in line or "_create_c10d_store" in line:
@@ -347,11 +354,18 @@ class LogState:
             if isinstance(total, float):
                 self.preemptions_total = max(self.preemptions_total or 0.0, total)
 
+    def phase(self) -> str:
+        """loading, serving, or unknown while the log has shown no sign of either."""
+        if self.loading:
+            return "loading"
+        served = self.started or self.answered or self.last_stats_t is not None
+        return "serving" if served else "unknown"
+
     def event_fields(self, rec: LogRecord) -> dict[str, object]:
         """The fields of the event a record becomes, after `update(rec)`: a hang line
         says whether the engine was still starting when it was printed (phase)."""
         if rec.stream == "serving.hang":
-            return {**rec.fields, "phase": "loading" if self.loading else "serving"}
+            return {**rec.fields, "phase": self.phase()}
         if (
             rec.stream == "serving.startup_error"
             and rec.fields.get("kind") == "port_in_use"
