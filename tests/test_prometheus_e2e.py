@@ -207,6 +207,16 @@ def test_gpu_panels_return_data_from_a_recorded_h200(gpu_stack):
     assert {need for _, _, need in documented} <= set(gen.NEEDS) - {"gpu"}
 
 
+def test_every_findings_annotation_query_is_accepted(stack):
+    """The dashboards' findings annotations: Prometheus accepts each query (it returns data
+    only while a finding fires)."""
+    queries = gen.annotation_queries()
+    assert len(queries) == len(gen.DASHBOARDS)
+    for uid, expr in queries:
+        result = stack.query(substitute(expr, stack))
+        assert result.get("status") == "success", (uid, expr, result)
+
+
 def test_every_alert_rule_evaluates(stack):
     def all_evaluated() -> bool:
         return all(r.get("lastEvaluation", "").startswith("20") for r in stack.rules())

@@ -585,13 +585,18 @@ HOST = Dashboard(
                     max=1,
                 ),
                 Panel(
-                    "Swap",
-                    (
-                        q(f"moptd_node_swap_used_bytes{{{SEL}}}", "used"),
-                        q(f"rate(moptd_node_swap_in_bytes_total{{{SEL}}}[{RATE}])", "in/s"),
-                        q(f"rate(moptd_node_swap_out_bytes_total{{{SEL}}}[{RATE}])", "out/s"),
-                    ),
+                    "Swap used",
+                    (q(f"moptd_node_swap_used_bytes{{{SEL}}}", "used"),),
                     unit="bytes",
+                ),
+                # a rate, in its own panel: bytes/s on a bytes axis read as a size
+                Panel(
+                    "Swap in and out",
+                    (
+                        q(f"rate(moptd_node_swap_in_bytes_total{{{SEL}}}[{RATE}])", "in"),
+                        q(f"rate(moptd_node_swap_out_bytes_total{{{SEL}}}[{RATE}])", "out"),
+                    ),
+                    unit="Bps",
                 ),
                 Panel(
                     "CPU and load",
@@ -1031,6 +1036,17 @@ def _variable(name: str) -> dict[str, Any]:
             "allValue": ".*",
             "current": {},
         }
+    if name == "runbook_base":
+        # a constant a deployment sets to where its runbooks live (its own fork or wiki):
+        # jq, provisioning or ?var-runbook_base=... (grafana/README.md)
+        return {
+            "name": "runbook_base",
+            "label": "Runbook base URL",
+            "type": "constant",
+            "hide": 2,
+            "query": RUNBOOKS,
+            "current": {"text": RUNBOOKS, "value": RUNBOOKS},
+        }
     raise ValueError(f"unknown variable {name!r}")
 
 
@@ -1044,7 +1060,7 @@ def _links_code() -> list[dict[str, Any]]:
                     "value": [
                         {
                             "title": "Runbook for ${__value.text}",
-                            "url": RUNBOOKS + "/${__value.text}.md",
+                            "url": "${runbook_base}/${__value.text}.md",
                             "targetBlank": True,
                         }
                     ],
@@ -1170,7 +1186,8 @@ def render(dashboard: Dashboard) -> dict[str, Any]:
                     "iconColor": "rgba(0, 211, 255, 1)",
                     "name": "Annotations & Alerts",
                     "type": "dashboard",
-                }
+                },
+                findings_annotation(dashboard),
             ]
         },
         "links": [
@@ -1181,8 +1198,38 @@ def render(dashboard: Dashboard) -> dict[str, Any]:
                 "asDropdown": True,
             }
         ],
-        "templating": {"list": [_variable(v) for v in dashboard.variables]},
+        "templating": {
+            "list": [_variable(v) for v in dashboard.variables]
+            + ([_variable("runbook_base")] if _links_runbooks(dashboard) else [])
+        },
         "panels": panels,
+    }
+
+
+def _links_runbooks(dashboard: Dashboard) -> bool:
+    return any(p.links_code for r in dashboard.rows for p in r.panels)
+
+
+def findings_expr(dashboard: Dashboard) -> str:
+    """moptd's findings on the time axis: a region while each finding fires."""
+    # the fleet view has no host variable: only critical findings, or every host's noise
+    sel = SEL if "instance" in dashboard.variables else 'job=~"$job", severity="critical"'
+    return f"moptd_finding_active{{{sel}}} == 1"
+
+
+def findings_annotation(dashboard: Dashboard) -> dict[str, Any]:
+    return {
+        "datasource": DATASOURCE,
+        "enable": True,
+        "hide": False,
+        "iconColor": "red",
+        "name": "moptd findings",
+        "expr": findings_expr(dashboard),
+        "step": "60s",
+        "titleFormat": "{{code}} on {{instance}}",
+        "textFormat": "{{severity}}: {{subject}} (rule {{rule}}); moptd explain --code {{code}}",
+        "tagKeys": "severity,code",
+        "useValueForTime": False,
     }
 
 
@@ -1191,6 +1238,11 @@ def dump(doc: Mapping[str, Any]) -> str:
 
 
 # --- checks --------------------------------------------------------------------------
+
+
+def annotation_queries(dashboards: Iterable[Dashboard] = DASHBOARDS) -> list[tuple[str, str]]:
+    """Every (dashboard uid, annotation query)."""
+    return [(d.uid, findings_expr(d)) for d in dashboards]
 
 
 def panel_queries(dashboards: Iterable[Dashboard] = DASHBOARDS) -> list[tuple[str, Panel, Query]]:
@@ -1216,6 +1268,10 @@ def unknown_metrics(dashboards: Iterable[Dashboard], catalog: Mapping[str, objec
                     f"{uid}: panel {panel.title!r} queries {metric}, which the metric "
                     "catalog does not declare"
                 )
+    for uid, expr in annotation_queries(dashboards):
+        for metric in METRIC.findall(expr):
+            if metric not in catalog:
+                problems.append(f"{uid}: the findings annotation queries unknown {metric}")
     return problems
 
 
