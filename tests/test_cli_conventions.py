@@ -1,0 +1,72 @@
+"""CLI conventions: the exit status table is what the commands return, the generated shell
+completion completes in a real bash, and the man page renders with the real man."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from moptd.cli import cmd_doctor, cmd_explain, cmd_replay
+from moptd.cli.exit_status import EXIT_STATUS
+
+REPO = Path(__file__).parent.parent
+
+
+def codes(command: str) -> set[int]:
+    return {code for code, _ in EXIT_STATUS[command]}
+
+
+def test_the_table_holds_the_commands_own_constants() -> None:
+    assert codes("replay") == {0, *cmd_replay.EXIT_BY_SEVERITY.values(), cmd_replay.EXIT_BAD_INPUT}
+    assert codes("doctor") == set(cmd_doctor.EXIT.values())
+    assert cmd_explain.EXIT_BAD_INPUT in codes("explain")
+    assert cmd_explain.EXIT_BUNDLE in codes("explain")
+
+
+def test_every_command_of_the_parser_is_in_the_table() -> None:
+    from moptd.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    names = set(sub.choices)  # type: ignore[union-attr]
+    assert names <= {c.split()[0] for c in EXIT_STATUS}, names - set(EXIT_STATUS)
+
+
+def _complete(words: list[str]) -> list[str]:
+    bash = shutil.which("bash")
+    assert bash is not None
+    line = " ".join(words)
+    script = (
+        f"source {REPO / 'contrib/completion/moptd.bash'}; "
+        f"COMP_WORDS=({' '.join(words)}); COMP_CWORD={len(words) - 1}; "
+        f"COMP_LINE='{line}'; COMP_POINT={len(line)}; _shtab_moptd; "
+        'printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    out = subprocess.run([bash, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_bash_completes_commands_and_options() -> None:
+    assert _complete(["moptd", "re"]) == ["record", "replay"]
+    assert "--json" in _complete(["moptd", "replay", "--j"])
+    assert set(_complete(["moptd", "rules", ""])) >= {"check", "test"}
+
+
+def test_the_man_page_renders() -> None:
+    man = shutil.which("man")
+    if man is None:
+        pytest.skip("man is not installed")
+    out = subprocess.run(
+        [man, "-l", str(REPO / "docs/man/moptd.1")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"MANWIDTH": "100", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "EXIT STATUS" in out.stdout
+    assert "moptd replay" in out.stdout
