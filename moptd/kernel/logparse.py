@@ -1,8 +1,9 @@
 """Kernel-log records from any of the formats a person or a tool hands us.
 
-One parser serves the live follower (raw /dev/kmsg records) and bundle replay (a
-``dmesg``, ``dmesg -T``, ``journalctl -k`` or syslog paste), detecting the format per line
-so that a file mixing formats still parses. Nothing here raises on bad input: a line that
+One parser serves the live follower (raw /dev/kmsg records) and bundle replay (``dmesg``
+in its time formats, ``journalctl -k`` in its short, short-iso and short-monotonic outputs
+with or without the host, a syslog paste), detecting the format per line so that a file
+mixing formats still parses. Nothing here raises on bad input: a line that
 is not a record becomes a record without a time, and every text is capped in length so a
 pathological line cannot grow memory without bound.
 """
@@ -28,10 +29,43 @@ _ISO = re.compile(
     r"(?P<ts>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)"
     r" (?P<host>\S+) (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)"
 )
-_SHORT = re.compile(
-    r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) (?P<host>\S+) (?P<tag>[^\s:\[]+)"
-    r"(?:\[\d+\])?: ?(?P<msg>.*)"
+# syslog / journalctl's short format. The month is the locale's abbreviation (journalctl
+# and rsyslog print strftime's %b): "Nov", but "nov", "mar", "Okt" or "Mär" under another
+# LANG (_MONTHS). The host is left out by journalctl --no-hostname ("Nov 29 ... kernel: ").
+_SHORT_TS = r"(?P<ts>[^\W\d_]{3} [ \d]\d \d{2}:\d{2}:\d{2})"
+_SHORT = re.compile(_SHORT_TS + r" (?P<host>\S+) (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)")
+_SHORT_NO_HOST = re.compile(_SHORT_TS + r" (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)")
+_ISO_NO_HOST = re.compile(
+    r"(?P<ts>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)"
+    r" (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)"
 )
+# journalctl -o short-monotonic: "[    1.343565] archlinux kernel: msg" (no host with
+# --no-hostname). Only the kernel's tag is taken for that format: "[ 5.0] usb 1-1: msg" is
+# a dmesg record whose text happens to have the same shape.
+_MONOTONIC_TAG = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,252} )?kernel: ?")
+# Month abbreviations (%b) of the C locale and of glibc's localedata for de, es, it, pt, nl,
+# sv, da and pl (/usr/share/i18n/locales/<ll_CC>, LC_TIME abmon): no two name different
+# months. Locales whose abbreviation is not three letters (fr "janv.") are not read.
+_MONTHS: dict[str, int] = {}
+for _n, _names in enumerate(
+    (
+        "jan ene gen sty",
+        "feb fev lut",
+        "mar mär mrt",
+        "apr abr kwi",
+        "may mai mag mei maj",
+        "jun giu cze",
+        "jul lug lip",
+        "aug ago sie",
+        "sep set wrz",
+        "oct okt ott out paź",
+        "nov lis",
+        "dec dez dic gru",
+    ),
+    start=1,
+):
+    for _name in _names.split():
+        _MONTHS[_name] = _n
 # dmesg --time-format iso: "2025-01-21T04:41:44,283302+00:00 msg" (a comma before the
 # microseconds, which journalctl and rsyslog never print)
 _DMESG_ISO = re.compile(
@@ -49,6 +83,8 @@ _LEVELS = "emerg alert crit err warn notice info debug".split()
 def facility_name(facility: int) -> str:
     """syslog's name of a facility number ("kern" 0, "user" 1, ...)."""
     return _FACILITIES[facility] if 0 <= facility < len(_FACILITIES) else str(facility)
+
+
 _PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
 _HEX_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
@@ -128,8 +164,13 @@ def _iso_time(ts: str) -> float | None:
 
 
 def _short_time(ts: str, year: int) -> float | None:
+    month_name, day, clock = ts.split()
+    month = _MONTHS.get(month_name.lower())
+    if month is None:
+        return None
     try:
-        dt = datetime.strptime(f"{year} {' '.join(ts.split())} +0000", "%Y %b %d %H:%M:%S %z")
+        hour, minute, second = (int(x) for x in clock.split(":"))
+        dt = datetime(year, month, int(day), hour, minute, second, tzinfo=UTC)
     except ValueError:
         return None
     return dt.timestamp()
@@ -149,13 +190,17 @@ def _dmesg_body(text: str, boot_time: float | None, line_no: int) -> KernelRecor
     if m is not None:
         uptime = float(m.group("ts"))
         pri = m.group("pri")
+        msg, fmt = m.group("msg"), "dmesg"
+        tag = _MONOTONIC_TAG.match(msg) if pri is None else None
+        if tag is not None:
+            msg, fmt = msg[tag.end() :], "monotonic"
         return KernelRecord(
-            _cap(m.group("msg")),
+            _cap(msg),
             None if boot_time is None else boot_time + uptime,
             uptime,
             level=None if pri is None else int(pri) & 7,
             facility=None if pri is None else int(pri) >> 3,
-            fmt="dmesg",
+            fmt=fmt,
             line=line_no,
         )
     m = _DMESG_T.fullmatch(text)
@@ -192,7 +237,9 @@ def parse_line(
         rec = _dmesg_iso(line, line_no)
         if rec is not None:
             return rec
-        m = _ISO.fullmatch(line)
+        m = _ISO_NO_HOST.fullmatch(line)
+        if m is None or m.group("tag") != "kernel":
+            m = _ISO.fullmatch(line) or m
         if m is not None:
             if m.group("tag") != "kernel":
                 return None
@@ -206,29 +253,51 @@ def parse_line(
         rec = _dmesg_body(line, boot_time, line_no)
         if rec is not None:
             return rec
-    elif line[0].islower():
-        m = _DECODE.fullmatch(line)
-        if m is not None and m.group("fac") in _FACILITIES and m.group("lvl") in _LEVELS:
-            rest = m.group("rest")
-            rec = _dmesg_body(rest, boot_time, line_no) or _dmesg_iso(rest, line_no)
-            if rec is None:
-                rec = KernelRecord(_cap(rest), fmt="dmesg", line=line_no)
-            rec.level = _LEVELS.index(m.group("lvl"))
-            rec.facility = _FACILITIES.index(m.group("fac"))
+    elif line[0].isalpha():
+        if line[0].islower():
+            rec = _decoded(line, boot_time, line_no)
+            if rec is not None:
+                return rec
+        rec, other = _short(line, year, line_no)
+        if rec is not None or other:
             return rec
-    elif line[0].isupper():
-        m = _SHORT.fullmatch(line)
-        if m is not None:
-            if m.group("tag") != "kernel":
-                return None
-            y = year if year is not None else datetime.now(UTC).year
-            return KernelRecord(
-                _cap(_syslog_text(m.group("msg"))),
-                _short_time(m.group("ts"), y),
-                fmt="syslog",
-                line=line_no,
-            )
     return KernelRecord(_cap(line), fmt="plain", line=line_no)
+
+
+def _decoded(line: str, boot_time: float | None, line_no: int) -> KernelRecord | None:
+    """dmesg --decode: "kern  :warn  : " before the record in its time format."""
+    m = _DECODE.fullmatch(line)
+    if m is None or m.group("fac") not in _FACILITIES or m.group("lvl") not in _LEVELS:
+        return None
+    rest = m.group("rest")
+    rec = _dmesg_body(rest, boot_time, line_no) or _dmesg_iso(rest, line_no)
+    if rec is None:
+        rec = KernelRecord(_cap(rest), fmt="dmesg", line=line_no)
+    rec.level = _LEVELS.index(m.group("lvl"))
+    rec.facility = _FACILITIES.index(m.group("fac"))
+    return rec
+
+
+def _short(line: str, year: int | None, line_no: int) -> tuple[KernelRecord | None, bool]:
+    """A syslog / journalctl short line: (the kernel's record, False), (None, True) for
+    another program's line, (None, False) when the line is not in this format."""
+    m = _SHORT_NO_HOST.fullmatch(line)
+    if m is None or m.group("tag") != "kernel":
+        # "Nov 29 16:21:26 host kernel: ..." (the host-less pattern reads the host as a
+        # tag); a host-less line of another program ("... gdm3[7055]: msg") is left as is
+        m = _SHORT.fullmatch(line) or m
+    if m is None:
+        return None, False
+    if m.group("tag") != "kernel":
+        return None, True
+    y = year if year is not None else datetime.now(UTC).year
+    rec = KernelRecord(
+        _cap(_syslog_text(m.group("msg"))),
+        _short_time(m.group("ts"), y),
+        fmt="syslog",
+        line=line_no,
+    )
+    return rec, False
 
 
 def parse_kernel_log(
