@@ -125,3 +125,70 @@ def test_any_journal_like_text_parses_without_error(text, year):
     for rec in parse_kernel_log(text, boot_time=1.0, year=year):
         assert len(rec.text) <= MAX_TEXT
         assert rec.t is None or rec.t == rec.t  # never NaN
+
+
+# --- whole pastes through replay: bundles/<name>/ (expected.yaml: must / must_not) ---------
+
+BUNDLES = sorted(p for p in (PASTES / "bundles").iterdir() if (p / "expected.yaml").exists())
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _hits(findings: list[dict[str, object]], want: dict[str, object]) -> list[dict[str, object]]:
+    out = []
+    for f in findings:
+        if f["code"] != want["code"]:
+            continue
+        if "subject" in want and f["subject"] != want["subject"]:
+            continue
+        if "pci_bus_id" in want and f.get("pci_bus_id") != want["pci_bus_id"]:
+            continue
+        out.append(f)
+    return out
+
+
+def _replay(bundle: Path) -> list[dict[str, object]]:
+    from moptd.bundle import read_bundle
+    from moptd.diagnose.loader import default_rules_dir
+    from moptd.diagnose.replay import replay
+
+    return replay(bundle, [default_rules_dir()], read_bundle).findings
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_paste_bundle(bundle: Path) -> None:
+    import yaml
+
+    expected = yaml.safe_load((bundle / "expected.yaml").read_text())
+    findings = _replay(bundle)
+    for want in expected.get("must") or []:
+        assert _hits(findings, want), (want, findings)
+    for bad in expected.get("must_not") or []:
+        assert _hits(findings, bad) == [], (bad, findings)
+
+
+def _kernel_bundle(tmp_path: Path, dmesg: Path) -> Path:
+    (tmp_path / "kernel").mkdir()
+    (tmp_path / "bundle.yaml").write_text("format: moptd-bundle/v1\nhost: h\n")
+    (tmp_path / "kernel" / "dmesg.txt").write_bytes(dmesg.read_bytes())
+    return tmp_path
+
+
+def test_fatal_sxid_paste_is_an_nvswitch_fatal_error(tmp_path):
+    # leptonai/gpud sxid README (tests/fixtures/kernel-drill/SOURCE.md)
+    findings = _replay(_kernel_bundle(tmp_path, FIXTURES / "kernel-drill/sxid-fatal.log"))
+    [f] = _hits(findings, {"code": "NVSWITCH_FATAL_ERROR"})
+    assert "20034" in str(f["summary"])
+    assert "nvidia-nvswitch1" in str(f["summary"])
+
+
+def test_non_fatal_sxids_are_no_nvswitch_fatal_error(tmp_path):
+    # NVIDIA/nvtrust#124 (tests/fixtures/kernel-peers/SOURCE.md): SXid 22013, Non-fatal
+    findings = _replay(_kernel_bundle(tmp_path, FIXTURES / "kernel-peers/nvtrust-124-sxid.dmesg"))
+    assert _hits(findings, {"code": "NVSWITCH_FATAL_ERROR"}) == []
+
+
+def test_rminitadapter_paste_is_one_gpus_init_failure(tmp_path):
+    # NVIDIA/gpu-operator#1146 (tests/fixtures/kernel-drill/SOURCE.md), syslog format
+    findings = _replay(_kernel_bundle(tmp_path, FIXTURES / "kernel-drill/rminitadapter.log"))
+    assert _hits(findings, {"code": "GPU_INIT_FAILED", "pci_bus_id": "0000:0a:00.0"})
+    assert _hits(findings, {"code": "DRIVER_NOT_LOADED"}) == []

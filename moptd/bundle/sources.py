@@ -4,7 +4,8 @@ The collectors read files under filesystem roots and ask a Source (moptd.collect
 the rest. Over a bundle, the roots are a temporary tree in the live layout holding the
 bundle's copies of those files (host/meminfo becomes proc/meminfo, and so on: FILES), and
 BundleSource answers from the files that stand for a call (df.txt for statvfs,
-dkms_status.txt for `dkms status`, dev_nodes.txt for /dev). The collectors then run as they
+dkms_status.txt for `dkms status`, dev_nodes.txt for /dev). kernel/modprobe.txt is the
+driver collector's modprobe_log. The collectors then run as they
 do live, with ``recorded`` set: what the bundle does not hold is not emitted.
 
 Before a file is used it is checked, so a malformed one is a BundleError naming the bundle
@@ -44,6 +45,7 @@ FILES: tuple[tuple[str, str], ...] = (
 DF = "host/df.txt"
 DEV_NODES = "host/dev_nodes.txt"
 DKMS = "kernel/dkms_status.txt"
+MODPROBE = "kernel/modprobe.txt"  # modprobe / insmod output: the driver collector's modprobe_log
 TOOLKIT = "container/toolkit_version.txt"
 CDI = "container/cdi"
 # files whose absence is reported as missing evidence
@@ -134,11 +136,18 @@ def collect_stack(
             except container.ConfigError as e:
                 raise _config_error(e) from None
             _put(tree / "etc/cdi" / spec.name, text)
+        driver_options: dict[str, object] = {"use_tools": True}
+        modprobe = root / MODPROBE
+        if modprobe.exists():
+            text = read_text(modprobe)
+            _check_modprobe(text, str(modprobe))
+            _put(tree / "modprobe.txt", text)
+            driver_options["modprobe_log"] = str(tree / "modprobe.txt")
         source = BundleSource(root, _disks(root), _dev_nodes(root), identities)
         host = HostCollector(
             _context(tree, source, global_options={"watch_paths": list(source.disks)})
         )
-        drv = DriverCollector(_context(tree, source, options={"use_tools": True}))
+        drv = DriverCollector(_context(tree, source, options=driver_options))
         ctr = ContainerCollector(_context(tree, source, options={"cdi_dirs": ["/etc/cdi"]}))
         try:
             batches = [("host", host.read()), ("driver", drv.read()), ("container", ctr.read())]
@@ -202,6 +211,11 @@ def _check_modules(text: str, file: str) -> None:
 def _check_driver_version(text: str, file: str) -> None:
     if driver.parse_module_version(text) is None:
         raise BundleError(file, 1, "no 'NVRM version' line")
+
+
+def _check_modprobe(text: str, file: str) -> None:
+    if not driver.is_modprobe_output(text):
+        raise BundleError(file, 1, "no modprobe, insmod or systemd-modules-load line")
 
 
 def _check_daemon_json(text: str, file: str) -> None:

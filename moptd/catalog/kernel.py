@@ -214,6 +214,39 @@ SIGNALS = [
         ("module",),
     ),
     SignalSpec(
+        "driver.modprobe_failed",
+        "gauge",
+        "bool",
+        "1 when modprobe / insmod output (the driver collector's modprobe_log, a bundle's "
+        "kernel/modprobe.txt) shows the module failed to insert, 0 when it does not; for "
+        "each NVIDIA-stack module. Absent without such output.",
+        "node",
+        None,
+        ("module",),
+    ),
+    SignalSpec(
+        "driver.modprobe_refused",
+        "gauge",
+        "bool",
+        "1 when modprobe / insmod output shows the kernel refused the module's signature "
+        "('Key was rejected by service', 'Required key not available'), else 0; absent "
+        "without such output.",
+        "node",
+        None,
+        ("module",),
+    ),
+    SignalSpec(
+        "driver.modprobe_error",
+        "info",
+        "",
+        "One failure in modprobe / insmod output: error is key_rejected, key_unavailable, "
+        "no_such_device, unknown_symbol, exec_format, not_found or other; message the "
+        "tool's words.",
+        "node",
+        None,
+        ("module", "error", "message"),
+    ),
+    SignalSpec(
         "driver.kernel_module_version",
         "info",
         "",

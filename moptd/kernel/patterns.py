@@ -81,6 +81,24 @@ API_MISMATCH = re.compile(
 )
 API_KERNEL = re.compile(r"NVRM: this kernel module has the version (?P<kernel>\d+(?:\.\d+)+)")
 _MODULE = r"(?P<module>nvidia[\w-]*|nv_peer_mem|gdrdrv)"
+# Prefixes that nvidia.ko itself prints under ("nvidia-nvlink: Nvlink Core is being
+# initialized", "nvidia-nvswitch3: SXid ..."): the driver, not a module of their own.
+_PARTS_OF_NVIDIA = re.compile(r"nvidia_(?:nvlink|nvswitch\d*)")
+
+
+def module_name(printed: str) -> str:
+    """The module a kernel message names, as /proc/modules and lsmod spell it.
+
+    The kernel prints a module's name with "_" (kbuild's KBUILD_MODNAME: "nvidia_fs:
+    Unknown symbol ..."), the NVIDIA modules their own prefixes with "-" ("nvidia-uvm:",
+    "nvidia-modeset:"); both are one module. nvidia_fs, nvidia_peermem, nvidia_uvm,
+    nvidia_drm and nvidia_modeset are modules of their own: their failure leaves nvidia.ko
+    loaded, so it must not read as the driver's.
+    """
+    name = printed.replace("-", "_")
+    return "nvidia" if _PARTS_OF_NVIDIA.fullmatch(name) else name
+
+
 MODULE_FAILURES = (
     (re.compile(_MODULE + r": Unknown symbol (?P<sym>\S+)"), "unknown symbol {sym}"),
     (
@@ -384,7 +402,7 @@ class KernelMatcher:
             if m is not None:
                 groups = {k: (v or "") for k, v in m.groupdict().items()}
                 fields: dict[str, Any] = {
-                    "module": groups.get("module") or "nvidia",
+                    "module": module_name(groups.get("module") or "nvidia"),
                     "reason": reason.format(**groups).strip(),
                 }
                 if groups.get("bus"):
