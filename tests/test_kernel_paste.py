@@ -3,6 +3,7 @@ journalctl --no-hostname, localised month names, journalctl -o short-monotonic."
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,6 +113,14 @@ _parts = st.sampled_from(
         "gdm3[7055]: ",
         "NVRM: Xid (PCI:0000:01:00): 79, ",
         "modprobe: ERROR: ",
+        "{",
+        "\n}",
+        "\t}\n",
+        '"MESSAGE" : ',
+        '"_TRANSPORT" : "kernel", ',
+        '"__REALTIME_TIMESTAMP" : "1549067421724300", ',
+        "[ 116, 104, 7 ]",
+        "[[[[",
         "\n",
         " ",
         ":",
@@ -192,3 +201,40 @@ def test_rminitadapter_paste_is_one_gpus_init_failure(tmp_path):
     findings = _replay(_kernel_bundle(tmp_path, FIXTURES / "kernel-drill/rminitadapter.log"))
     assert _hits(findings, {"code": "GPU_INIT_FAILED", "pci_bus_id": "0000:0a:00.0"})
     assert _hits(findings, {"code": "DRIVER_NOT_LOADED"}) == []
+
+
+def test_journalctl_json_pretty_entries():
+    # parse-nl/SystemdJournal2Gelf SystemdJournal2Gelf_test.go: TestUnmarshalEntry and
+    # TestUnmarshalUnprintableEntry (a MESSAGE that is not UTF-8 comes as a byte array)
+    recs = parse_kernel_log((PASTES / "journal-json-pretty.json").read_text())
+    assert [(r.fmt, r.line) for r in recs] == [("json", 1), ("json", 13)]
+    first, binary = recs
+    assert first.text.startswith("Linux version 4.20.6-arch1-1-ARCH (builduser@heftig-32156)")
+    assert first.t == pytest.approx(1549067421.7243)
+    assert (first.level, first.facility) == (5, 0)
+    assert binary.text == "this is a binary value \a"
+    assert binary.t is None
+
+
+def test_journalctl_json_one_entry_per_line():
+    # the same entries as journalctl -o json prints them: one object per line
+    entries = (PASTES / "journal-json-pretty.json").read_text().split("\n{")
+    lines = [json.dumps(json.loads(e if e.startswith("{") else "{" + e)) for e in entries]
+    recs = parse_kernel_log("\n".join(lines))
+    assert [r.text for r in recs] == [
+        "Linux version 4.20.6-arch1-1-ARCH (builduser@heftig-32156) (gcc version 8.2.1 "
+        "20181127 (GCC)) #1 SMP PREEMPT Thu Jan 31 08:22:01 UTC 2019",
+        "this is a binary value \a",
+    ]
+    # another program's entry is no kernel record; a brace that opens no object stays a line
+    user = json.loads(lines[0]) | {"_TRANSPORT": "journal", "SYSLOG_IDENTIFIER": "gdm3"}
+    assert parse_kernel_log(json.dumps(user)) == []
+    assert [r.text for r in parse_kernel_log("{\nnot json\n}")] == ["{", "not json", "}"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 5000), st.sampled_from(["[", "{", '{"a":']))
+def test_deep_or_long_json_is_bounded(depth, piece):
+    text = "{\n" + piece * depth + "\n}\n" + ("{" + '"MESSAGE": ' + "[" * depth)
+    for rec in parse_kernel_log(text):
+        assert len(rec.text) <= MAX_TEXT

@@ -10,6 +10,7 @@ pathological line cannot grow memory without bound.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -220,6 +221,50 @@ def _dmesg_iso(text: str, line_no: int) -> KernelRecord | None:
     )
 
 
+MAX_JSON_LINES = 256  # a journalctl -o json-pretty object longer than this is not one
+
+
+def _micros(value: object) -> float | None:
+    # the journal's timestamps are decimal strings of microseconds
+    text = str(value)
+    return int(text) / 1e6 if text.isdigit() and len(text) <= 20 else None
+
+
+def _json_record(text: str, line_no: int) -> tuple[bool, KernelRecord | None]:
+    """A ``journalctl -o json`` / ``json-pretty`` entry: (True, the kernel's record or None
+    for another program's entry), or (False, None) when the text is not a JSON object."""
+    try:
+        entry = json.loads(text)
+    except (ValueError, RecursionError):
+        return False, None
+    if not isinstance(entry, dict):
+        return False, None
+    transport = entry.get("_TRANSPORT")
+    if transport != "kernel" and not (
+        transport is None and entry.get("SYSLOG_IDENTIFIER") == "kernel"
+    ):
+        return True, None
+    message = entry.get("MESSAGE")
+    if isinstance(message, list):  # the journal's form of a message that is not UTF-8
+        data = bytes(b for b in message[: MAX_TEXT * 2] if isinstance(b, int) and 0 <= b < 256)
+        message = data.decode("utf-8", "replace")
+    rec = KernelRecord(
+        _cap(message if isinstance(message, str) else ""),
+        _micros(entry.get("__REALTIME_TIMESTAMP")),
+        _micros(entry.get("_SOURCE_MONOTONIC_TIMESTAMP")),
+        fmt="json",
+        line=line_no,
+    )
+    for key, into in (("PRIORITY", "level"), ("SYSLOG_FACILITY", "facility")):
+        value = str(entry.get(key, ""))
+        if value.isdigit() and len(value) <= 3:
+            setattr(rec, into, int(value))
+    for key, name in (("_KERNEL_SUBSYSTEM", "SUBSYSTEM"), ("_KERNEL_DEVICE", "DEVICE")):
+        if isinstance(entry.get(key), str):
+            add_dict_entry(rec, f"{name}={entry[key]}")
+    return True, rec
+
+
 def parse_line(
     line: str, boot_time: float | None = None, year: int | None = None, line_no: int = 0
 ) -> KernelRecord | None:
@@ -252,6 +297,10 @@ def parse_line(
     elif line[0] in "[<":
         rec = _dmesg_body(line, boot_time, line_no)
         if rec is not None:
+            return rec
+    elif line[0] == "{":
+        parsed, rec = _json_record(line, line_no)
+        if parsed:
             return rec
     elif line[0].isalpha():
         if line[0].islower():
@@ -308,10 +357,30 @@ def parse_kernel_log(
     ``boot_time`` (Unix seconds) turns seconds-since-boot into wall time; ``year`` dates
     the year-less ``journalctl -k``/syslog stamps (default: the current year). Indented
     lines continue the record above: kmsg dictionary entries (`` DEVICE=+pci:...``) or
-    further lines of a multi-line message.
+    further lines of a multi-line message. ``journalctl -o json`` entries are one per line,
+    ``-o json-pretty`` entries span the lines from ``{`` to ``}``.
     """
     out: list[KernelRecord] = []
+    pretty: list[str] = []  # the lines of a json-pretty object read so far
+    start = 0
     for n, raw in enumerate(text.splitlines(), start=1):
+        if pretty:
+            pretty.append(raw[: MAX_TEXT * 2])
+            if raw.lstrip().startswith("}"):
+                parsed, rec = _json_record("\n".join(pretty), start)
+                if parsed:
+                    out.extend([] if rec is None else [rec])
+                    pretty = []
+                    continue
+            elif len(pretty) < MAX_JSON_LINES and sum(map(len, pretty)) < MAX_TEXT * 8:
+                continue
+            # not an object after all, or too long for one: its lines are read as lines
+            out.extend(_each_line(pretty, start, boot_time, year))
+            pretty = []
+            continue
+        if raw.strip() == "{":
+            pretty, start = [raw], n
+            continue
         if out and raw[:1] in (" ", "\t") and raw.strip():
             prev = out[-1]
             if prev.fmt == "kmsg":
@@ -324,7 +393,15 @@ def parse_kernel_log(
         rec = parse_line(raw, boot_time, year, n)
         if rec is not None:
             out.append(rec)
+    out.extend(_each_line(pretty, start, boot_time, year))
     return out
+
+
+def _each_line(
+    lines: list[str], first: int, boot_time: float | None, year: int | None
+) -> list[KernelRecord]:
+    recs = (parse_line(raw, boot_time, year, first + i) for i, raw in enumerate(lines))
+    return [r for r in recs if r is not None]
 
 
 def read_kernel_log(
