@@ -77,6 +77,21 @@ def test_short_monotonic_keeps_uptime_and_drops_the_tag():
     assert (rec.fmt, rec.text) == ("dmesg", "usb 1-1: new high-speed USB device number 2")
 
 
+def test_dmesg_human_minutes_and_deltas():
+    # NVIDIA/gds-nvidia-fs#34: dmesg -H ("[Jan18 08:23]", then "[  +0.000031]" deltas)
+    path = PASTES / "bundles/nvidia-fs-reltime-dmesg/kernel/dmesg.txt"
+    recs = parse_kernel_log(path.read_text(), year=2024)
+    assert len(recs) == 12
+    assert {r.fmt for r in recs} == {"dmesg-H"}
+    assert recs[0].text.startswith("nvidia_fs: module using GPL-only symbols")
+    assert recs[0].t == _utc(2024, 1, 18, 8, 23)
+    deltas = [float(line.split("+")[1].split("]")[0]) for line in path.read_text().splitlines()[1:]]
+    assert recs[-1].t == pytest.approx(_utc(2024, 1, 18, 8, 23) + sum(deltas))
+    # a delta with no minute before it has no time
+    [rec] = parse_kernel_log(path.read_text().splitlines()[1])
+    assert (rec.fmt, rec.t) == ("dmesg-H", None)
+
+
 def _abmon(locale_file: Path) -> list[str]:
     text = locale_file.read_text(encoding="utf-8", errors="replace")
     m = re.search(r"^abmon\s+((?:\"[^\"]*\";?\s*/?\s*)+)", text, re.MULTILINE)
@@ -113,6 +128,9 @@ _parts = st.sampled_from(
         "gdm3[7055]: ",
         "NVRM: Xid (PCI:0000:01:00): 79, ",
         "modprobe: ERROR: ",
+        "[Jan18 08:23] ",
+        "[  +0.000031] ",
+        "[+",
         "{",
         "\n}",
         "\t}\n",

@@ -72,6 +72,13 @@ for _n, _names in enumerate(
 _DMESG_ISO = re.compile(
     r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2},\d{1,9}(?:[+-]\d{2}:?\d{2})?) (?P<msg>.*)"
 )
+# dmesg -H / --reltime: "[Jan18 08:23] msg" at the first record of a minute (util-linux's
+# "%b%e %H:%M", no year, no seconds), then "[  +0.000031] msg", the time since the record
+# before
+_DMESG_HUMAN = re.compile(
+    r"\[(?P<mon>[^\W\d_]{3})(?P<day>[ \d]?\d) (?P<hm>\d{2}:\d{2})\] ?(?P<msg>.*)"
+)
+_DMESG_DELTA = re.compile(r"\[\s*\+(?P<delta>\d{1,12}\.\d{1,9})\] ?(?P<msg>.*)")
 # dmesg --decode (-x): "kern  :warn  : " before whatever time format was asked for
 _DECODE = re.compile(r"(?P<fac>[a-z][a-z0-9]{1,7}) *:(?P<lvl>[a-z]{3,6}) *: ?(?P<rest>.*)")
 _FACILITIES = (
@@ -210,6 +217,24 @@ def _dmesg_body(text: str, boot_time: float | None, line_no: int) -> KernelRecor
             _cap(m.group("msg")), _dmesg_t_time(m.group("ts")), fmt="dmesg-T", line=line_no
         )
     return None
+
+
+def _dmesg_human(
+    text: str, year: int | None, before: float | None, line_no: int
+) -> KernelRecord | None:
+    """A dmesg -H line: its minute, or the record before's time plus its delta."""
+    if text[:1] != "[":
+        return None
+    m = _DMESG_DELTA.fullmatch(text)
+    if m is not None:
+        t = None if before is None else before + float(m.group("delta"))
+        return KernelRecord(_cap(m.group("msg")), t, fmt="dmesg-H", line=line_no)
+    m = _DMESG_HUMAN.fullmatch(text)
+    if m is None:
+        return None
+    y = year if year is not None else datetime.now(UTC).year
+    stamp = f"{m.group('mon')} {m.group('day').strip()} {m.group('hm')}:00"
+    return KernelRecord(_cap(m.group("msg")), _short_time(stamp, y), fmt="dmesg-H", line=line_no)
 
 
 def _dmesg_iso(text: str, line_no: int) -> KernelRecord | None:
@@ -363,6 +388,7 @@ def parse_kernel_log(
     out: list[KernelRecord] = []
     pretty: list[str] = []  # the lines of a json-pretty object read so far
     start = 0
+    human_t: float | None = None  # the time of the last dmesg -H record
     for n, raw in enumerate(text.splitlines(), start=1):
         if pretty:
             pretty.append(raw[: MAX_TEXT * 2])
@@ -390,7 +416,10 @@ def parse_kernel_log(
                 if len(prev.text) < MAX_TEXT:
                     prev.text = _cap(prev.text + "\n" + raw.strip())
                 continue
-        rec = parse_line(raw, boot_time, year, n)
+        human = _dmesg_human(raw.rstrip("\r\n")[: MAX_TEXT * 2], year, human_t, n)
+        rec = human or parse_line(raw, boot_time, year, n)
+        if human is not None:
+            human_t = human.t
         if rec is not None:
             out.append(rec)
     out.extend(_each_line(pretty, start, boot_time, year))
