@@ -256,3 +256,11 @@ def test_deep_or_long_json_is_bounded(depth, piece):
     text = "{\n" + piece * depth + "\n}\n" + ("{" + '"MESSAGE": ' + "[" * depth)
     for rec in parse_kernel_log(text):
         assert len(rec.text) <= MAX_TEXT
+
+
+def test_open_module_declining_a_gpu_is_no_hardware_fault():
+    # NVIDIA/open-gpu-kernel-modules#230: the GPU is fine, the open flavour does not drive it
+    findings = _replay(PASTES / "bundles/open-module-geforce")
+    [f] = _hits(findings, {"code": "GPU_INIT_FAILED", "pci_bus_id": "0000:04:00.0"})
+    assert f["path"][-1].endswith("open-module-unsupported")
+    assert not any(str(a).startswith(("replace_hardware", "reboot_node")) for a in f["actions"])

@@ -119,6 +119,13 @@ MODULE_FAILURES = (
         "RmInitAdapter failed {rc}",
     ),
 )
+# The open kernel module declining a GPU it does not drive by default, just before
+# RmInitAdapter fails for that GPU (NVIDIA/open-gpu-kernel-modules#230): "NVRM: Open
+# nvidia.ko is only ready for use on Data Center GPUs." The driver README's
+# NVreg_OpenRmEnableUnsupportedGpus=1, or the proprietary module, is the answer.
+OPEN_MODULE_UNSUPPORTED = re.compile(
+    r"NVRM: Open nvidia\.ko is only ready for use on Data Center GPUs"
+)
 SECURE_BOOT = (
     re.compile(r"Lockdown: (?P<process>[^:]{1,64}): unsigned module loading is restricted"),
     re.compile(
@@ -276,6 +283,7 @@ class KernelMatcher:
         self._oom_memcg: OrderedDict[int, str] = OrderedDict()
         self._api_pending: Match | None = None
         self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
+        self._open_unsupported = False  # the open module's notice, for the next RmInitAdapter
 
     def feed(self, text: str) -> list[Match]:
         """All matches of one record (which may hold several lines)."""
@@ -394,6 +402,9 @@ class KernelMatcher:
                 self._api_pending = match
                 return []
             return [match]
+        if OPEN_MODULE_UNSUPPORTED.search(line):
+            self._open_unsupported = True
+            return []
         return self._module_failure(line)
 
     def _module_failure(self, line: str) -> list[Match]:
@@ -407,6 +418,10 @@ class KernelMatcher:
                 }
                 if groups.get("bus"):
                     fields["pci_bus_id"] = pci_key(groups["bus"])
+                if "RmInitAdapter" in reason:
+                    # why this GPU was not initialised: the open module does not drive it
+                    fields["open_module_unsupported"] = self._open_unsupported
+                    self._open_unsupported = False
                 return [Match("kernel.module_load_failure", fields, line)]
         return []
 
