@@ -128,6 +128,12 @@ _parts = st.sampled_from(
         "gdm3[7055]: ",
         "NVRM: Xid (PCI:0000:01:00): 79, ",
         "modprobe: ERROR: ",
+        "NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)",
+        "NVRM: has the version 595.84, but this kernel module has",
+        "NVRM: the version 595.80.  Please make sure that this",
+        "NVRM: Open nvidia.ko is only ready for use on Data Center GPUs.",
+        "NVRM: GPU 0000:04:00.0: RmInitAdapter failed! (0x63:0x0:1905)",
+        "nvidia-uvm: Unknown symbol ",
         "[Jan18 08:23] ",
         "[  +0.000031] ",
         "[+",
@@ -149,9 +155,14 @@ _parts = st.sampled_from(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(_parts, st.text(max_size=12))).map("".join), st.integers(1, 9999))
 def test_any_journal_like_text_parses_without_error(text, year):
-    for rec in parse_kernel_log(text, boot_time=1.0, year=year):
+    from moptd.kernel.attribution import records_to_events
+
+    recs = parse_kernel_log(text, boot_time=1.0, year=year)
+    for rec in recs:
         assert len(rec.text) <= MAX_TEXT
         assert rec.t is None or rec.t == rec.t  # never NaN
+    for ev in records_to_events(recs, {"0000:04:00.0": 0}):
+        assert ev.stream.startswith("kernel.")
 
 
 # --- whole pastes through replay: bundles/<name>/ (expected.yaml: must / must_not) ---------
@@ -264,3 +275,21 @@ def test_open_module_declining_a_gpu_is_no_hardware_fault():
     [f] = _hits(findings, {"code": "GPU_INIT_FAILED", "pci_bus_id": "0000:04:00.0"})
     assert f["path"][-1].endswith("open-module-unsupported")
     assert not any(str(a).startswith(("replace_hardware", "reboot_node")) for a in f["actions"])
+
+
+@pytest.mark.parametrize(
+    ("paste", "client", "pid", "versions"),
+    [
+        # Frogging-Family/nvidia-all#394 (dmesg, indented continuation lines)
+        ("api-mismatch-client-named.dmesg", "kwin_wayland", 1005, ("595.84", "595.80")),
+        # NVIDIA/open-gpu-kernel-modules#829 (journal)
+        ("api-mismatch-client-named.journal", "nvidia-powerd", 849, ("570.133.07", "575.51.02")),
+    ],
+)
+def test_api_mismatch_naming_the_client_over_three_lines(paste, client, pid, versions):
+    from moptd.kernel.attribution import records_to_events
+
+    recs = parse_kernel_log((PASTES / paste).read_text(), year=2025)
+    [ev] = [e for e in records_to_events(recs) if e.stream == "kernel.api_mismatch"]
+    assert (ev.fields["client"], ev.fields["pid"]) == (client, pid)
+    assert (ev.fields["client_version"], ev.fields["kernel_version"]) == versions
