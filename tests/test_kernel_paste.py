@@ -59,6 +59,12 @@ def test_lower_case_month_names_are_dated():
     assert {r.t for r in recs} == {_utc(2020, 12, 17, 18, 5, 53)}
 
 
+def test_zh_locale_journal_of_other_programs_is_no_kernel_log():
+    # NVIDIA/gpu-operator#610: journalctl under zh_CN ("11月 15 ..."): systemd and
+    # nv-fabricmanager lines, none the kernel's (they used to be read as plain records)
+    assert parse_kernel_log((PASTES / "zh-month.journal").read_text(), year=2023) == []
+
+
 def test_short_monotonic_keeps_uptime_and_drops_the_tag():
     # systemd/systemd#24950: journalctl -o short-monotonic (two boots, user space and kernel)
     recs = parse_kernel_log((PASTES / "short-monotonic.journal").read_text(), boot_time=100.0)
@@ -97,11 +103,27 @@ def _abmon(locale_file: Path) -> list[str]:
     m = re.search(r"^abmon\s+((?:\"[^\"]*\";?\s*/?\s*)+)", text, re.MULTILINE)
     assert m is not None, locale_file
     names = re.findall(r"\"([^\"]*)\"", m.group(1))
-    return [re.sub(r"<U([0-9A-Fa-f]{4})>", lambda u: chr(int(u.group(1), 16)), n) for n in names]
+    return [
+        re.sub(r"<U([0-9A-Fa-f]{4})>", lambda u: chr(int(u.group(1), 16)), n).strip() for n in names
+    ]
 
 
 @pytest.mark.parametrize(
-    "locale", ["de_DE", "es_ES", "it_IT", "pt_PT", "pt_BR", "nl_NL", "sv_SE", "da_DK", "pl_PL"]
+    "locale",
+    [
+        "de_DE",
+        "es_ES",
+        "it_IT",
+        "pt_PT",
+        "pt_BR",
+        "nl_NL",
+        "sv_SE",
+        "da_DK",
+        "pl_PL",
+        "zh_CN",
+        "ja_JP",
+        "ko_KR",
+    ],
 )
 def test_month_table_is_glibcs(locale):
     # the table's source: glibc localedata LC_TIME abmon of each locale it names
@@ -120,6 +142,8 @@ _parts = st.sampled_from(
         "nov 29 16:21:26 ",
         "Mär  6 17:59:27 ",
         "mar 06 15:10:43 ",
+        "11月 15 14:15:47 ",
+        "3월 05 01:02:03 ",
         "2025-01-21T04:41:44+0000 ",
         "[    1.343565] ",
         "archlinux ",

@@ -33,7 +33,7 @@ _ISO = re.compile(
 # syslog / journalctl's short format. The month is the locale's abbreviation (journalctl
 # and rsyslog print strftime's %b): "Nov", but "nov", "mar", "Okt" or "Mär" under another
 # LANG (_MONTHS). The host is left out by journalctl --no-hostname ("Nov 29 ... kernel: ").
-_SHORT_TS = r"(?P<ts>[^\W\d_]{3} [ \d]\d \d{2}:\d{2}:\d{2})"
+_SHORT_TS = r"(?P<ts>(?:[^\W\d_]{3}|\d{1,2}[月월]) [ \d]\d \d{2}:\d{2}:\d{2})"
 _SHORT = re.compile(_SHORT_TS + r" (?P<host>\S+) (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)")
 _SHORT_NO_HOST = re.compile(_SHORT_TS + r" (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)")
 _ISO_NO_HOST = re.compile(
@@ -46,7 +46,9 @@ _ISO_NO_HOST = re.compile(
 _MONOTONIC_TAG = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,252} )?kernel: ?")
 # Month abbreviations (%b) of the C locale and of glibc's localedata for de, es, it, pt, nl,
 # sv, da and pl (/usr/share/i18n/locales/<ll_CC>, LC_TIME abmon): no two name different
-# months. Locales whose abbreviation is not three letters (fr "janv.") are not read.
+# months. zh, ja and ko print the number and 月 / 월 ("11月 15 14:15:47", _MONTHS has them
+# too; ja, ko and zh_TW pad 1-9 with a space, which a paste rarely keeps). Locales whose
+# abbreviation is not three letters (fr "janv.") are not read.
 _MONTHS: dict[str, int] = {}
 for _n, _names in enumerate(
     (
@@ -67,6 +69,7 @@ for _n, _names in enumerate(
 ):
     for _name in _names.split():
         _MONTHS[_name] = _n
+    _MONTHS[f"{_n}月"] = _MONTHS[f"{_n}월"] = _n
 # dmesg --time-format iso: "2025-01-21T04:41:44,283302+00:00 msg" (a comma before the
 # microseconds, which journalctl and rsyslog never print)
 _DMESG_ISO = re.compile(
@@ -307,6 +310,10 @@ def parse_line(
         rec = _dmesg_iso(line, line_no)
         if rec is not None:
             return rec
+        if "月" in line[:3] or "월" in line[:3]:
+            rec, other = _short(line, year, line_no)
+            if rec is not None or other:
+                return rec
         m = _ISO_NO_HOST.fullmatch(line)
         if m is None or m.group("tag") != "kernel":
             m = _ISO.fullmatch(line) or m
