@@ -23,7 +23,7 @@ def _utc(*args: int) -> float:
 
 
 def test_journalctl_no_hostname_lines_are_kernel_records():
-    # bugzilla.kernel.org #207219: journalctl --no-hostname -k
+    # bugzilla.kernel.org #207219: journalctl --no-hostname -k | grep -n (its "954:" prefixes)
     recs = parse_kernel_log((PASTES / "no-hostname.journal").read_text(), year=2020)
     assert len(recs) == 6
     assert {r.fmt for r in recs} == {"syslog"}
@@ -31,6 +31,19 @@ def test_journalctl_no_hostname_lines_are_kernel_records():
     assert recs[0].t == _utc(2020, 4, 12, 0, 10, 37)
     assert recs[-1].text == "usb 1-1.3: can't set config #247, error -32"
     assert recs[-1].t == _utc(2020, 4, 12, 0, 29, 30)
+
+
+def test_line_numbers_of_the_paste_tool_are_taken_off():
+    # NVIDIA/open-gpu-kernel-modules#976: a syslog shown with cat -n style numbers
+    recs = parse_kernel_log((PASTES / "cat-n-numbered.syslog").read_text(), year=2025)
+    assert len(recs) == 8
+    assert {r.fmt for r in recs} == {"syslog"}
+    assert {r.t for r in recs} == {_utc(2025, 11, 26, 22, 38, 10)}
+    assert recs[0].text.startswith("NVRM: memdescPrintMemdesc: Has additional IOMMU mapping")
+    # grep's context separator is no record; raw kmsg and ISO stamps keep their digits
+    assert parse_kernel_log("--\n") == []
+    [kmsg] = parse_kernel_log("6,1234,5678901,-;NVRM: x")
+    assert (kmsg.fmt, kmsg.seq) == ("kmsg", 1234)
 
 
 def test_no_hostname_line_of_another_program_is_not_a_kernel_record():
@@ -149,6 +162,9 @@ _parts = st.sampled_from(
         "archlinux ",
         "kernel: ",
         "kernel:",
+        "943-",
+        "   3315 ",
+        "--",
         "gdm3[7055]: ",
         "NVRM: Xid (PCI:0000:01:00): 79, ",
         "modprobe: ERROR: ",

@@ -98,6 +98,12 @@ def facility_name(facility: int) -> str:
 
 _PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
 _HEX_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+# A line number a paste tool put in front (`grep -n`: "943:" / "943-", `cat -n`: "  3315\t"),
+# taken off when a known record format follows it
+_LINE_NUMBER = re.compile(
+    r"\s*\d{1,9}(?:\t| +|[:-])"
+    r"(?=(?:[^\W\d_]{3}|\d{1,2}[月월]) [ \d]\d \d\d:|\[|<\d|\d{4}-\d\d-\d\d[T ]|\{)"
+)
 
 
 @dataclass(slots=True)
@@ -301,8 +307,8 @@ def parse_line(
     line = line.rstrip("\r\n")
     if len(line) > MAX_TEXT * 2:
         line = line[: MAX_TEXT * 2]
-    if not line.strip() or line.startswith("-- "):
-        return None
+    if not line.strip() or line.startswith("-- ") or line == "--":
+        return None  # a journal banner, grep's separator of context groups
     if line[0].isdigit():
         m = _RAW.fullmatch(line)
         if m is not None:
@@ -397,6 +403,10 @@ def parse_kernel_log(
     start = 0
     human_t: float | None = None  # the time of the last dmesg -H record
     for n, raw in enumerate(text.splitlines(), start=1):
+        if raw[:1].isdigit() or raw[:1] in (" ", "\t"):
+            numbered = _LINE_NUMBER.match(raw)
+            if numbered is not None:
+                raw = raw[numbered.end() :]
         if pretty:
             pretty.append(raw[: MAX_TEXT * 2])
             if raw.lstrip().startswith("}"):
