@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moptd.kernel.logparse import _MONTHS, MAX_TEXT, parse_kernel_log, parse_line
+from moptd.kernel.logparse import _MONTHS, MAX_TEXT, _short_time, parse_kernel_log, parse_line
 
 PASTES = Path(__file__).parent / "fixtures" / "kernel-paste"
 LOCALES = Path("/usr/share/i18n/locales")
@@ -70,6 +70,17 @@ def test_lower_case_month_names_are_dated():
         "ee1004 0-0053: 512 byte EE1004-compliant SPD EEPROM, read-only",
     ]
     assert {r.t for r in recs} == {_utc(2020, 12, 17, 18, 5, 53)}
+
+
+def test_french_months_are_read_as_short_stamps():
+    # NixOS/nixpkgs#163298 ("mars"), dglt1/optimus-switch#11 ("nov."): systemd-modules-load's
+    # lines, no kernel records (they used to be read as plain ones)
+    text = (PASTES / "fr-month.journal").read_text()
+    assert parse_kernel_log(text, year=2022) == []
+    # their stamps, as a kernel line's would be dated
+    stamps = [" ".join(line.split()[:3]) for line in text.splitlines()]
+    assert _short_time(stamps[3], 2019) == _utc(2019, 11, 10, 13, 34, 3)  # "nov. 10 13:34:03"
+    assert _short_time(stamps[0], 2022) == _utc(2022, 3, 8, 10, 15, 3)  # "mars 08 10:15:03"
 
 
 def test_zh_locale_journal_of_other_programs_is_no_kernel_log():
@@ -133,6 +144,8 @@ def _abmon(locale_file: Path) -> list[str]:
         "sv_SE",
         "da_DK",
         "pl_PL",
+        "fr_FR",
+        "nb_NO",
         "zh_CN",
         "ja_JP",
         "ko_KR",
@@ -146,7 +159,7 @@ def test_month_table_is_glibcs(locale):
     names = _abmon(path)
     assert len(names) == 12
     for number, name in enumerate(names, start=1):
-        assert _MONTHS[name.lower()] == number, (locale, name)
+        assert _MONTHS[name.lower().rstrip(".")] == number, (locale, name)
 
 
 _parts = st.sampled_from(

@@ -33,7 +33,7 @@ _ISO = re.compile(
 # syslog / journalctl's short format. The month is the locale's abbreviation (journalctl
 # and rsyslog print strftime's %b): "Nov", but "nov", "mar", "Okt" or "Mär" under another
 # LANG (_MONTHS). The host is left out by journalctl --no-hostname ("Nov 29 ... kernel: ").
-_SHORT_TS = r"(?P<ts>(?:[^\W\d_]{3}|\d{1,2}[月월]) [ \d]\d \d{2}:\d{2}:\d{2})"
+_SHORT_TS = r"(?P<ts>(?:[^\W\d_]{3,5}\.?|\d{1,2}[月월]) [ \d]\d \d{2}:\d{2}:\d{2})"
 _SHORT = re.compile(_SHORT_TS + r" (?P<host>\S+) (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)")
 _SHORT_NO_HOST = re.compile(_SHORT_TS + r" (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ?(?P<msg>.*)")
 _ISO_NO_HOST = re.compile(
@@ -45,25 +45,25 @@ _ISO_NO_HOST = re.compile(
 # a dmesg record whose text happens to have the same shape.
 _MONOTONIC_TAG = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,252} )?kernel: ?")
 # Month abbreviations (%b) of the C locale and of glibc's localedata for de, es, it, pt, nl,
-# sv, da and pl (/usr/share/i18n/locales/<ll_CC>, LC_TIME abmon): no two name different
-# months. zh, ja and ko print the number and 月 / 월 ("11月 15 14:15:47", _MONTHS has them
-# too; ja, ko and zh_TW pad 1-9 with a space, which a paste rarely keeps). Locales whose
-# abbreviation is not three letters (fr "janv.") are not read.
+# sv, da, pl, fr and nb (/usr/share/i18n/locales/<ll_CC>, LC_TIME abmon; fr and nb end some
+# with ".", "nov." and "déc.", looked up without it): no two name different months. zh, ja
+# and ko print the number and 月 / 월 ("11月 15 14:15:47", _MONTHS has them too; ja, ko and
+# zh_TW pad 1-9 with a space, which a paste rarely keeps).
 _MONTHS: dict[str, int] = {}
 for _n, _names in enumerate(
     (
-        "jan ene gen sty",
-        "feb fev lut",
-        "mar mär mrt",
-        "apr abr kwi",
+        "jan ene gen sty janv",
+        "feb fev lut févr",
+        "mar mär mrt mars",
+        "apr abr kwi avril april",
         "may mai mag mei maj",
-        "jun giu cze",
-        "jul lug lip",
-        "aug ago sie",
-        "sep set wrz",
+        "jun giu cze juin juni",
+        "jul lug lip juil juli",
+        "aug ago sie août",
+        "sep set wrz sept",
         "oct okt ott out paź",
         "nov lis",
-        "dec dez dic gru",
+        "dec dez dic gru déc des",
     ),
     start=1,
 ):
@@ -182,7 +182,7 @@ def _iso_time(ts: str) -> float | None:
 
 def _short_time(ts: str, year: int) -> float | None:
     month_name, day, clock = ts.split()
-    month = _MONTHS.get(month_name.lower())
+    month = _MONTHS.get(month_name.lower().rstrip("."))
     if month is None:
         return None
     try:
