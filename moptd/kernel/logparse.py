@@ -82,6 +82,7 @@ _DMESG_HUMAN = re.compile(
     r"\[(?P<mon>[^\W\d_]{3})(?P<day>[ \d]?\d) (?P<hm>\d{2}:\d{2})\] ?(?P<msg>.*)"
 )
 _DMESG_DELTA = re.compile(r"\[\s*\+(?P<delta>\d{1,12}\.\d{1,9})\] ?(?P<msg>.*)")
+_DMESG_HUMAN_START = re.compile(r"\[(?:[^\W\d_]|\s*\+)")
 # dmesg --decode (-x): "kern  :warn  : " before whatever time format was asked for
 _DECODE = re.compile(r"(?P<fac>[a-z][a-z0-9]{1,7}) *:(?P<lvl>[a-z]{3,6}) *: ?(?P<rest>.*)")
 _FACILITIES = (
@@ -208,7 +209,8 @@ def _dmesg_body(text: str, boot_time: float | None, line_no: int) -> KernelRecor
         uptime = float(m.group("ts"))
         pri = m.group("pri")
         msg, fmt = m.group("msg"), "dmesg"
-        tag = _MONOTONIC_TAG.match(msg) if pri is None else None
+        monotonic = pri is None and msg.find("kernel:", 0, 262) >= 0
+        tag = _MONOTONIC_TAG.match(msg) if monotonic else None
         if tag is not None:
             msg, fmt = msg[tag.end() :], "monotonic"
         return KernelRecord(
@@ -232,7 +234,7 @@ def _dmesg_human(
     text: str, year: int | None, before: float | None, line_no: int
 ) -> KernelRecord | None:
     """A dmesg -H line: its minute, or the record before's time plus its delta."""
-    if text[:1] != "[":
+    if _DMESG_HUMAN_START.match(text) is None:
         return None
     m = _DMESG_DELTA.fullmatch(text)
     if m is not None:
@@ -403,10 +405,12 @@ def parse_kernel_log(
     start = 0
     human_t: float | None = None  # the time of the last dmesg -H record
     for n, raw in enumerate(text.splitlines(), start=1):
-        if raw[:1].isdigit() or raw[:1] in (" ", "\t"):
+        first = raw[:1]
+        if first.isdigit() or first == " " or first == "\t":
             numbered = _LINE_NUMBER.match(raw)
             if numbered is not None:
                 raw = raw[numbered.end() :]
+                first = raw[:1]
         if pretty:
             pretty.append(raw[: MAX_TEXT * 2])
             if raw.lstrip().startswith("}"):
@@ -421,7 +425,7 @@ def parse_kernel_log(
             out.extend(_each_line(pretty, start, boot_time, year))
             pretty = []
             continue
-        if raw.strip() == "{":
+        if (first == "{" or first == " " or first == "\t") and raw.strip() == "{":
             pretty, start = [raw], n
             continue
         if out and raw[:1] in (" ", "\t") and raw.strip():
@@ -433,7 +437,9 @@ def parse_kernel_log(
                 if len(prev.text) < MAX_TEXT:
                     prev.text = _cap(prev.text + "\n" + raw.strip())
                 continue
-        human = _dmesg_human(raw.rstrip("\r\n")[: MAX_TEXT * 2], year, human_t, n)
+        human = None
+        if _DMESG_HUMAN_START.match(raw) is not None:
+            human = _dmesg_human(raw.rstrip("\r\n")[: MAX_TEXT * 2], year, human_t, n)
         rec = human or parse_line(raw, boot_time, year, n)
         if human is not None:
             human_t = human.t
