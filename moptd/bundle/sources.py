@@ -136,14 +136,8 @@ def collect_stack(
             except container.ConfigError as e:
                 raise _config_error(e) from None
             _put(tree / "etc/cdi" / spec.name, text)
-        driver_options: dict[str, object] = {"use_tools": True}
-        modprobe = root / MODPROBE
-        if modprobe.exists():
-            text = read_text(modprobe)
-            _check_modprobe(text, str(modprobe))
-            _put(tree / "modprobe.txt", text)
-            driver_options["modprobe_log"] = str(tree / "modprobe.txt")
         source = BundleSource(root, _disks(root), _dev_nodes(root), identities)
+        driver_options = _modprobe_log(root, tree, {"use_tools": True})
         host = HostCollector(
             _context(tree, source, global_options={"watch_paths": list(source.disks)})
         )
@@ -211,11 +205,6 @@ def _check_modules(text: str, file: str) -> None:
 def _check_driver_version(text: str, file: str) -> None:
     if driver.parse_module_version(text) is None:
         raise BundleError(file, 1, "no 'NVRM version' line")
-
-
-def _check_modprobe(text: str, file: str) -> None:
-    if not driver.is_modprobe_output(text):
-        raise BundleError(file, 1, "no modprobe, insmod or systemd-modules-load line")
 
 
 def _check_daemon_json(text: str, file: str) -> None:
@@ -291,3 +280,23 @@ def _mode(perm: str) -> int:
                 mode |= 1 << shift
             mode |= (stat.S_ISUID, stat.S_ISGID, stat.S_ISVTX)[i // 3]
     return mode
+
+
+# --- kernel/modprobe.txt: the driver collector's modprobe_log -------------------------
+
+
+def _modprobe_log(root: Path, tree: Path, options: dict[str, object]) -> dict[str, object]:
+    """The driver collector's options with ``modprobe_log`` naming the tree's copy of
+    kernel/modprobe.txt, checked first, when the bundle has one."""
+    path = root / MODPROBE
+    if not path.exists():
+        return options
+    text = read_text(path)
+    _check_modprobe(text, str(path))
+    _put(tree / "modprobe.txt", text)
+    return {**options, "modprobe_log": str(tree / "modprobe.txt")}
+
+
+def _check_modprobe(text: str, file: str) -> None:
+    if not driver.is_modprobe_output(text):
+        raise BundleError(file, 1, "no modprobe, insmod or systemd-modules-load line")
