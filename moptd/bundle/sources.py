@@ -180,6 +180,26 @@ def _cdi_specs(root: Path) -> list[Path]:
     return [p for p in sorted(folder.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
 
 
+# --- kernel/modprobe.txt: the driver collector's modprobe_log -------------------------
+
+
+def _modprobe_log(root: Path, tree: Path, options: dict[str, object]) -> dict[str, object]:
+    """The driver collector's options with ``modprobe_log`` naming the tree's copy of
+    kernel/modprobe.txt, checked first, when the bundle has one."""
+    path = root / MODPROBE
+    if not path.exists():
+        return options
+    text = read_text(path)
+    _check_modprobe(text, str(path))
+    _put(tree / "modprobe.txt", text)
+    return {**options, "modprobe_log": str(tree / "modprobe.txt")}
+
+
+def _check_modprobe(text: str, file: str) -> None:
+    if not driver.is_modprobe_output(text):
+        raise BundleError(file, 1, "no modprobe, insmod or systemd-modules-load line")
+
+
 # --- checks: a present file must be what its name says ------------------------------
 
 
@@ -280,23 +300,3 @@ def _mode(perm: str) -> int:
                 mode |= 1 << shift
             mode |= (stat.S_ISUID, stat.S_ISGID, stat.S_ISVTX)[i // 3]
     return mode
-
-
-# --- kernel/modprobe.txt: the driver collector's modprobe_log -------------------------
-
-
-def _modprobe_log(root: Path, tree: Path, options: dict[str, object]) -> dict[str, object]:
-    """The driver collector's options with ``modprobe_log`` naming the tree's copy of
-    kernel/modprobe.txt, checked first, when the bundle has one."""
-    path = root / MODPROBE
-    if not path.exists():
-        return options
-    text = read_text(path)
-    _check_modprobe(text, str(path))
-    _put(tree / "modprobe.txt", text)
-    return {**options, "modprobe_log": str(tree / "modprobe.txt")}
-
-
-def _check_modprobe(text: str, file: str) -> None:
-    if not driver.is_modprobe_output(text):
-        raise BundleError(file, 1, "no modprobe, insmod or systemd-modules-load line")
