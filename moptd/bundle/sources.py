@@ -184,15 +184,35 @@ def _cdi_specs(root: Path) -> list[Path]:
 
 
 def _modprobe_log(root: Path, tree: Path, options: dict[str, object]) -> dict[str, object]:
-    """The driver collector's options with ``modprobe_log`` naming the tree's copy of
-    kernel/modprobe.txt, checked first, when the bundle has one."""
+    """The driver collector's options with ``modprobe_log`` naming the tree's file of
+    modprobe / insmod output: kernel/modprobe.txt (checked first), and the failure lines
+    a kernel log of the bundle holds (a whole journal pasted as one: "gdm3[7055]: modprobe:
+    ERROR: could not insert 'nvidia': ..." is no kernel record, and would be lost)."""
+    texts: list[str] = []
     path = root / MODPROBE
-    if not path.exists():
+    if path.exists():
+        text = read_text(path)
+        _check_modprobe(text, str(path))
+        texts.append(text)
+    for log in sorted((root / "kernel").glob("dmesg*.txt")):
+        texts.extend(_modprobe_lines(log))
+    if not texts:
         return options
-    text = read_text(path)
-    _check_modprobe(text, str(path))
-    _put(tree / "modprobe.txt", text)
+    _put(tree / "modprobe.txt", "\n".join(texts) + "\n")
     return {**options, "modprobe_log": str(tree / "modprobe.txt")}
+
+
+def _modprobe_lines(log: Path) -> list[str]:
+    out: list[str] = []
+    try:
+        with log.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if ("nsert" in line or "not found" in line) and len(out) < 256:
+                    if driver.parse_modprobe_output(line):
+                        out.append(line.rstrip("\n")[:4096])
+    except OSError as e:
+        raise BundleError(str(log), 0, f"cannot read: {e.strerror or e}") from None
+    return out
 
 
 def _check_modprobe(text: str, file: str) -> None:
