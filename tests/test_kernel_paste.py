@@ -322,10 +322,19 @@ def test_deep_or_long_json_is_bounded(depth, piece):
         assert len(rec.text) <= MAX_TEXT
 
 
-def test_open_module_declining_a_gpu_is_no_hardware_fault():
-    # NVIDIA/open-gpu-kernel-modules#230: the GPU is fine, the open flavour does not drive it
-    findings = _replay(PASTES / "bundles/open-module-geforce")
-    [f] = _hits(findings, {"code": "GPU_INIT_FAILED", "pci_bus_id": "0000:04:00.0"})
+@pytest.mark.parametrize(
+    ("bundle", "bus"),
+    [
+        # NVIDIA/open-gpu-kernel-modules#230: a GeForce, not a Data Center GPU
+        ("open-module-geforce", "0000:04:00.0"),
+        # NVIDIA/open-gpu-kernel-modules#322: a V100, no GSP
+        ("open-module-no-gsp-v100", "0000:af:00.0"),
+    ],
+)
+def test_open_module_declining_a_gpu_is_no_hardware_fault(bundle, bus):
+    # the GPU is fine, the open flavour does not drive it
+    findings = _replay(PASTES / "bundles" / bundle)
+    [f] = _hits(findings, {"code": "GPU_INIT_FAILED", "pci_bus_id": bus})
     assert f["path"][-1].endswith("open-module-unsupported")
     assert not any(str(a).startswith(("replace_hardware", "reboot_node")) for a in f["actions"])
 

@@ -131,6 +131,11 @@ MODULE_FAILURES = (
 OPEN_MODULE_UNSUPPORTED = re.compile(
     r"NVRM: Open nvidia\.ko is only ready for use on Data Center GPUs"
 )
+# ... and a pre-Turing GPU, which the open module cannot drive at all (no GSP): "NVRM: The
+# NVIDIA GPU 0000:af:00.0 (PCI ID: 10de:1db5) / installed in this system is not supported
+# by open / nvidia.ko because it does not include the required GPU / System Processor
+# (GSP)." (NVIDIA/open-gpu-kernel-modules#322); the GPU is named on the first line
+OPEN_MODULE_NO_GSP = re.compile(r"does not include the required GPU")
 SECURE_BOOT = (
     re.compile(r"Lockdown: (?P<process>[^:]{1,64}): unsigned module loading is restricted"),
     re.compile(
@@ -382,6 +387,19 @@ class KernelMatcher:
                 }
                 return [Match("kernel.gpu_fallen_off_bus", fields, window[head.start() :])]
             return []
+        if OPEN_MODULE_NO_GSP.search(line):
+            window = "\n".join(self._recent)
+            head = FALLEN_HEAD.search(window)
+            if head is not None and "not supported by open" in window:
+                self._recent.clear()
+                fields = {
+                    "module": "nvidia",
+                    "reason": "not supported by the open kernel module (no GSP)",
+                    "pci_bus_id": pci_key(head.group("bus")),
+                    "open_module_unsupported": True,
+                }
+                return [Match("kernel.module_load_failure", fields, window[head.start() :])]
+            return []
         m = NVLINK_RX_DETECT.search(line)
         if m is not None:
             update = m.group("update")
@@ -430,6 +448,8 @@ class KernelMatcher:
                 if "RmInitAdapter" in reason:
                     # why this GPU was not initialised: the open module does not drive it
                     fields["open_module_unsupported"] = self._open_unsupported
+                    if self._open_unsupported:
+                        fields["reason"] = "only ready for Data Center GPUs: " + fields["reason"]
                     self._open_unsupported = False
                 return [Match("kernel.module_load_failure", fields, line)]
         return []
