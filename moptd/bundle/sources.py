@@ -4,7 +4,8 @@ The collectors read files under filesystem roots and ask a Source (moptd.collect
 the rest. Over a bundle, the roots are a temporary tree in the live layout holding the
 bundle's copies of those files (host/meminfo becomes proc/meminfo, and so on: FILES), and
 BundleSource answers from the files that stand for a call (df.txt for statvfs,
-dkms_status.txt for `dkms status`, dev_nodes.txt for /dev). The collectors then run as they
+dkms_status.txt for `dkms status`, dev_nodes.txt for /dev). kernel/modprobe.txt is the
+driver collector's modprobe_log. The collectors then run as they
 do live, with ``recorded`` set: what the bundle does not hold is not emitted.
 
 Before a file is used it is checked, so a malformed one is a BundleError naming the bundle
@@ -49,6 +50,7 @@ FILES: tuple[tuple[str, str], ...] = (
 DF = "host/df.txt"
 DEV_NODES = "host/dev_nodes.txt"
 DKMS = "kernel/dkms_status.txt"
+MODPROBE = "kernel/modprobe.txt"  # modprobe / insmod output: the driver collector's modprobe_log
 TOOLKIT = "container/toolkit_version.txt"
 CDI = "container/cdi"
 # files whose absence is reported as missing evidence
@@ -141,10 +143,11 @@ def collect_stack(
         if (root / DKMS).is_file():
             check_dkms_status(read_text(root / DKMS), str(root / DKMS))
         source = BundleSource(root, _disks(root), _dev_nodes(root), identities)
+        driver_options = _modprobe_log(root, tree, {"use_tools": True})
         host = HostCollector(
             _context(tree, source, global_options={"watch_paths": list(source.disks)})
         )
-        drv = DriverCollector(_context(tree, source, options={"use_tools": True}))
+        drv = DriverCollector(_context(tree, source, options=driver_options))
         ctr = ContainerCollector(_context(tree, source, options={"cdi_dirs": ["/etc/cdi"]}))
         try:
             batches = [("host", host.read()), ("driver", drv.read()), ("container", ctr.read())]
@@ -181,6 +184,46 @@ def _cdi_specs(root: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return [p for p in sorted(folder.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
+
+
+# --- kernel/modprobe.txt: the driver collector's modprobe_log -------------------------
+
+
+def _modprobe_log(root: Path, tree: Path, options: dict[str, object]) -> dict[str, object]:
+    """The driver collector's options with ``modprobe_log`` naming the tree's file of
+    modprobe / insmod output: kernel/modprobe.txt (checked first), and the failure lines
+    a kernel log of the bundle holds (a whole journal pasted as one: "gdm3[7055]: modprobe:
+    ERROR: could not insert 'nvidia': ..." is no kernel record, and would be lost)."""
+    texts: list[str] = []
+    path = root / MODPROBE
+    if path.exists():
+        text = read_text(path)
+        _check_modprobe(text, str(path))
+        texts.append(text)
+    for log in sorted((root / "kernel").glob("dmesg*.txt")):
+        texts.extend(_modprobe_lines(log))
+    if not texts:
+        return options
+    _put(tree / "modprobe.txt", "\n".join(texts) + "\n")
+    return {**options, "modprobe_log": str(tree / "modprobe.txt")}
+
+
+def _modprobe_lines(log: Path) -> list[str]:
+    out: list[str] = []
+    try:
+        with log.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if ("nsert" in line or "not found" in line) and len(out) < 256:
+                    if driver.parse_modprobe_output(line):
+                        out.append(line.rstrip("\n")[:4096])
+    except OSError as e:
+        raise BundleError(str(log), 0, f"cannot read: {e.strerror or e}") from None
+    return out
+
+
+def _check_modprobe(text: str, file: str) -> None:
+    if not driver.is_modprobe_output(text):
+        raise BundleError(file, 1, "no modprobe, insmod or systemd-modules-load line")
 
 
 # --- checks: a present file must be what its name says ------------------------------

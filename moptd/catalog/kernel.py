@@ -69,8 +69,10 @@ SIGNALS = [
         "kernel.gpu_init_failed",
         "gpu",
         "NVRM 'GPU <bus>: RmInitAdapter failed!': the driver could not initialise that one "
-        "GPU (the module itself loaded). Subject as for kernel.xid.",
-        ("module", "reason", "pci_bus_id", "uuid"),
+        "GPU (the module itself loaded). Subject as for kernel.xid. open_module_unsupported "
+        "is true when the open kernel module said just before that it is only ready for "
+        "Data Center GPUs.",
+        ("module", "reason", "pci_bus_id", "uuid", "open_module_unsupported"),
     ),
     _ev(
         "kernel.sxid",
@@ -129,8 +131,8 @@ SIGNALS = [
         "node",
         "An NVIDIA kernel module failed to load or initialise (unknown symbol, version "
         "magic, probe failure, or an RmInitAdapter failure that names no GPU); module names "
-        "it (nvidia, nvidia_fs, nvidia_peermem, ...).",
-        ("module", "reason", "pci_bus_id"),
+        "it as /proc/modules does (nvidia, nvidia_fs, nvidia_peermem, nvidia_uvm, ...).",
+        ("module", "reason", "pci_bus_id", "open_module_unsupported"),
     ),
     _ev(
         "kernel.secure_boot_refused",
@@ -212,6 +214,39 @@ SIGNALS = [
         "node",
         "moptd_driver_module_loaded",
         ("module",),
+    ),
+    SignalSpec(
+        "driver.modprobe_failed",
+        "gauge",
+        "bool",
+        "1 when modprobe / insmod output (the driver collector's modprobe_log, a bundle's "
+        "kernel/modprobe.txt) shows the module failed to insert, 0 when it does not; for "
+        "each NVIDIA-stack module. Absent without such output.",
+        "node",
+        None,
+        ("module",),
+    ),
+    SignalSpec(
+        "driver.modprobe_refused",
+        "gauge",
+        "bool",
+        "1 when modprobe / insmod output shows the kernel refused the module's signature "
+        "('Key was rejected by service', 'Required key not available'), else 0; absent "
+        "without such output.",
+        "node",
+        None,
+        ("module",),
+    ),
+    SignalSpec(
+        "driver.modprobe_error",
+        "info",
+        "",
+        "One failure in modprobe / insmod output: error is key_rejected, key_unavailable, "
+        "no_such_device, unknown_symbol, exec_format, not_found or other; message the "
+        "tool's words.",
+        "node",
+        None,
+        ("module", "error", "message"),
     ),
     SignalSpec(
         "driver.kernel_module_version",

@@ -7,7 +7,9 @@ NVSwitches exist, GSP firmware. The cheap facts (files under /proc, /sys and /de
 read every pass; the costly ones (NVML init, ``dkms status``, ``nvidia-smi -q``) every
 ``slow_interval``. Files are read under the context's roots and everything else (tools,
 NVML, device nodes, the kernel release) through its Source, so bundle replay runs this
-same code over a bundle's kernel/ and host/ files (moptd.bundle).
+same code over a bundle's kernel/ and host/ files (moptd.bundle). modprobe / insmod output
+(why the kernel refused a module) is read from a file when one is named (``modprobe_log``;
+a bundle's kernel/modprobe.txt): moptd never loads a module to find out.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Source, Unavailable
 from moptd.host_source import source_of
+from moptd.kernel.patterns import module_name
 from moptd.observations import NODE, Batch, gpu_subject, labels_of
 from moptd.proc.pci import pci_key
 
@@ -43,6 +46,41 @@ _DKMS_OLD = re.compile(r"(?P<module>[^/,\s]+), (?P<version>[^,\s]+)" + _DKMS_TAI
 _SMI_GPU = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _SMI_GSP = re.compile(r"^\s*GSP Firmware Version\s*:\s*(?P<version>.+?)\s*$")
 _DEV_NODE = re.compile(r"nvidia(\d+|ctl|-uvm(-tools)?|-modeset)")
+# What modprobe, insmod and systemd-modules-load print when the kernel refuses a module
+# (kmod's "could not insert", module-init-tools' "FATAL: Error inserting", insmod with the
+# file's path), after whatever prefix the paste has (a journal's "... gdm3[7055]: ").
+_INSERT_FAILED = re.compile(
+    r"(?P<tool>modprobe|insmod|systemd-modules-load)?(?:\[\d+\])?:?\s*(?:ERROR|FATAL)?:?\s*"
+    r"(?:could not insert (?:module )?'?(?P<kmod>[^'\s:]{1,255})'?"
+    r"|Error inserting (?P<mit>\S{1,255})(?: \([^)]{0,512}\))?"
+    r"|Failed to insert (?:module )?'(?P<sd>[^']{1,255})')"
+    r": (?P<error>[^\n]{1,256}?)\s*$"
+)
+_NOT_FOUND = re.compile(
+    r"(?P<tool>modprobe): (?:FATAL|ERROR): Module (?P<kmod>[\w-]{1,255}) not found"
+)
+# strerror of init_module(2)'s errno as kmod prints it -> the class a rule reads. The
+# kernel returns EKEYREJECTED for a module whose signature is enforced and missing or not
+# trusted, ENOKEY (older kernels) for a key it does not hold (kernel/module/signing.c,
+# Documentation/admin-guide/module-signing.rst); ENODEV when the module's probe found no
+# device it drives; ENOENT ("Unknown symbol in module") and ENOEXEC ("Exec format error",
+# insmod's "Invalid module format") for a module built against another kernel or driver.
+MODPROBE_ERRORS = (
+    ("Key was rejected by service", "key_rejected"),
+    ("Required key not available", "key_unavailable"),
+    ("No such device", "no_such_device"),
+    ("Unknown symbol in module", "unknown_symbol"),
+    ("Exec format error", "exec_format"),
+    ("Invalid module format", "exec_format"),
+)
+MODPROBE_REFUSALS = frozenset({"key_rejected", "key_unavailable"})
+# the NVIDIA stack's modules a modprobe failure is reported for (0 when it names none)
+MODPROBE_MODULES = (*MODULES, "nvidia_fs", "nv_peer_mem", "gdrdrv")
+# Ubuntu's versioned names of the same modules: nvidia_current, nvidia_367,
+# nvidia_331_updates_uvm (the packages' modprobe aliases)
+_NVIDIA_ALIAS = re.compile(
+    r"nvidia_(?:current|\d{3})(?:_updates)?(?P<part>_uvm|_modeset|_drm|_peermem)?"
+)
 
 
 # --- parsers (shared with bundle replay) ---------------------------------------------
@@ -97,6 +135,62 @@ def dkms_kernel_match(entries: list[DkmsEntry], kernel: str) -> bool | None:
     return any(e.kernel == kernel and e.status.startswith("installed") for e in nvidia)
 
 
+@dataclass(frozen=True, slots=True)
+class ModprobeFailure:
+    module: str  # as /proc/modules spells it (nvidia, nvidia_fs, ...)
+    error: str  # a class of MODPROBE_ERRORS, not_found, or other
+    message: str  # the tool's words for it
+    tool: str
+    line: int
+
+
+def modprobe_module(name: str) -> str:
+    """The module a modprobe / insmod argument names: a file path or an alias reduced to
+    the module (``/lib/.../nvidia-current.ko`` and Ubuntu's ``nvidia_current`` or
+    ``nvidia_367`` are nvidia.ko)."""
+    base = name.rsplit("/", 1)[-1]
+    if base.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz")):
+        base = base[: base.index(".ko")]
+    base = module_name(base)
+    alias = _NVIDIA_ALIAS.fullmatch(base)
+    return base if alias is None else "nvidia" + (alias.group("part") or "")
+
+
+def parse_modprobe_output(text: str) -> list[ModprobeFailure]:
+    """The modules modprobe, insmod or systemd-modules-load failed to insert, with why;
+    lines of other kinds (verbose ``insmod /lib/...``, other programs) are skipped."""
+    out: list[ModprobeFailure] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if len(line) > 4096:
+            line = line[:4096]
+        m = _INSERT_FAILED.search(line) if "nsert" in line else None
+        if m is not None:
+            name = m.group("kmod") or m.group("mit") or m.group("sd") or ""
+            message = m.group("error").strip()
+            error = next((c for t, c in MODPROBE_ERRORS if message.startswith(t)), "other")
+            tool = m.group("tool") or ("systemd-modules-load" if m.group("sd") else "modprobe")
+            out.append(ModprobeFailure(modprobe_module(name), error, message, tool, n))
+            continue
+        nf = _NOT_FOUND.search(line) if "not found" in line else None
+        if nf is not None:
+            message = line[nf.start() :].split(": ", 2)[-1].strip()[:256]
+            out.append(
+                ModprobeFailure(
+                    modprobe_module(nf.group("kmod")), "not_found", message, "modprobe", n
+                )
+            )
+    return out
+
+
+def is_modprobe_output(text: str) -> bool:
+    """Whether a text holds any line modprobe, insmod or systemd-modules-load prints."""
+    return any(
+        tag in line
+        for line in text.splitlines()
+        for tag in ("modprobe", "insmod", "Failed to insert", "Error inserting")
+    )
+
+
 def parse_gsp_versions(smi_q: str) -> dict[str, str]:
     """``nvidia-smi -q`` text -> {pci bus id: GSP firmware version}."""
     out: dict[str, str] = {}
@@ -117,6 +211,26 @@ def parse_secure_boot(data: bytes) -> bool | None:
     if len(data) < 5:
         return None
     return data[4] == 1
+
+
+MAX_MODPROBE_MODULES = 32  # module names one modprobe output may add beyond MODPROBE_MODULES
+
+
+def modprobe_batch(b: Batch, failures: list[ModprobeFailure]) -> None:
+    """The NVIDIA modules' failures as samples: for each module of MODPROBE_MODULES (and
+    any other nvidia* module named) whether it failed to insert and whether the kernel
+    refused its signature, 0 or 1, so a rule reads "not failed" where the output is there;
+    and each distinct failure as driver.modprobe_error with the tool's words."""
+    ours = [f for f in failures if f.module in MODPROBE_MODULES or f.module.startswith("nvidia")]
+    named = sorted({f.module for f in ours} - set(MODPROBE_MODULES))[:MAX_MODPROBE_MODULES]
+    for module in (*MODPROBE_MODULES, *named):
+        failed = [f for f in ours if f.module == module]
+        refused = any(f.error in MODPROBE_REFUSALS for f in failed)
+        b.add("driver.modprobe_failed", NODE, float(bool(failed)), labels_of(module=module))
+        b.add("driver.modprobe_refused", NODE, float(refused), labels_of(module=module))
+        for error, message in sorted({(f.error, f.message) for f in failed}):
+            labels = labels_of(module=module, error=error, message=message)
+            b.add("driver.modprobe_error", NODE, 1.0, labels)
 
 
 def user_can_open(st: os.stat_result, uid: int, gids: set[int]) -> bool:
@@ -189,6 +303,12 @@ class DriverCollector(Collector):
             (int, float), 600, "Seconds between NVML, dkms and nvidia-smi -q reads."
         ),
         "use_tools": Option(bool, True, "Run dkms, nvidia-smi (false: files only)."),
+        "modprobe_log": Option(
+            str,
+            "",
+            "A file holding modprobe / insmod output to read (a provisioning log); empty: "
+            "none. moptd never runs modprobe itself.",
+        ),
     }
 
     def __init__(self, ctx: CollectorContext) -> None:
@@ -259,6 +379,10 @@ class DriverCollector(Collector):
             if m:
                 b.add("driver.kernel_lockdown", NODE, float(m.group(1) != "none"))
         self._dev_nodes(b, loaded, source)
+        log_path = str(self.option("modprobe_log"))
+        modprobe = _read(self.ctx.host_path(log_path)) if log_path else None
+        if modprobe is not None:
+            modprobe_batch(b, parse_modprobe_output(modprobe))
         if not recorded:  # a recording holds no process list and no NVSwitch directory
             commands = running_commands(proc)
             b.add("driver.persistenced_running", NODE, float("nvidia-persiste" in commands))

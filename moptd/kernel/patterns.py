@@ -74,13 +74,36 @@ NVLINK_RX_DETECT = re.compile(
     r"update Rx Detect Link mask!|(?P<discover>knvlinkDiscoverPostRxDetLinks_[A-Za-z0-9_]{1,32})"
     r": Getting peer(?P<peer>\d{1,4})(?:'s)? postRxDetLinkMask failed!)"
 )
+# "API mismatch" over several lines, in two wordings (nv.c): "the client has the version
+# 535.104.05, but / this kernel module has the version 535.54.03." and, with the client
+# named, "the client 'kwin_wayland' (pid 1005) / has the version 595.84, but this kernel
+# module has / the version 595.80." The lines are joined without their "NVRM:" first.
+API_HEAD = re.compile(r"NVRM: API mismatch: the client")
 API_MISMATCH = re.compile(
-    r"NVRM: API mismatch: the client(?: '(?P<client_name>[^']*)')?(?: \(pid (?P<pid>\d+)\))?"
-    r" has the version (?P<client>\d+(?:\.\d+)+),? but"
-    r"(?:\s+(?:NVRM:\s+)?this kernel module has the version (?P<kernel>\d+(?:\.\d+)+))?"
+    r"API mismatch: the client(?: '(?P<client_name>[^']{0,64})')?(?: \(pid (?P<pid>\d{1,10})\))?"
+    r"(?: has the version (?P<client>\d+(?:\.\d+)+),? but)?"
+    r"(?: (?:this kernel module has )?the version (?P<kernel>\d+(?:\.\d+)+))?"
 )
-API_KERNEL = re.compile(r"NVRM: this kernel module has the version (?P<kernel>\d+(?:\.\d+)+)")
+API_MAX_LINES = 6
 _MODULE = r"(?P<module>nvidia[\w-]*|nv_peer_mem|gdrdrv)"
+# Prefixes that nvidia.ko itself prints under ("nvidia-nvlink: Nvlink Core is being
+# initialized", "nvidia-nvswitch3: SXid ..."): the driver, not a module of their own.
+_PARTS_OF_NVIDIA = re.compile(r"nvidia_(?:nvlink|nvswitch\d*)")
+
+
+def module_name(printed: str) -> str:
+    """The module a kernel message names, as /proc/modules and lsmod spell it.
+
+    The kernel prints a module's name with "_" (kbuild's KBUILD_MODNAME: "nvidia_fs:
+    Unknown symbol ..."), the NVIDIA modules their own prefixes with "-" ("nvidia-uvm:",
+    "nvidia-modeset:"); both are one module. nvidia_fs, nvidia_peermem, nvidia_uvm,
+    nvidia_drm and nvidia_modeset are modules of their own: their failure leaves nvidia.ko
+    loaded, so it must not read as the driver's.
+    """
+    name = printed.replace("-", "_")
+    return "nvidia" if _PARTS_OF_NVIDIA.fullmatch(name) else name
+
+
 MODULE_FAILURES = (
     (re.compile(_MODULE + r": Unknown symbol (?P<sym>\S+)"), "unknown symbol {sym}"),
     (
@@ -101,6 +124,18 @@ MODULE_FAILURES = (
         "RmInitAdapter failed {rc}",
     ),
 )
+# The open kernel module declining a GPU it does not drive by default, just before
+# RmInitAdapter fails for that GPU (NVIDIA/open-gpu-kernel-modules#230): "NVRM: Open
+# nvidia.ko is only ready for use on Data Center GPUs." The driver README's
+# NVreg_OpenRmEnableUnsupportedGpus=1, or the proprietary module, is the answer.
+OPEN_MODULE_UNSUPPORTED = re.compile(
+    r"NVRM: Open nvidia\.ko is only ready for use on Data Center GPUs"
+)
+# ... and a pre-Turing GPU, which the open module cannot drive at all (no GSP): "NVRM: The
+# NVIDIA GPU 0000:af:00.0 (PCI ID: 10de:1db5) / installed in this system is not supported
+# by open / nvidia.ko because it does not include the required GPU / System Processor
+# (GSP)." (NVIDIA/open-gpu-kernel-modules#322); the GPU is named on the first line
+OPEN_MODULE_NO_GSP = re.compile(r"does not include the required GPU")
 SECURE_BOOT = (
     re.compile(r"Lockdown: (?P<process>[^:]{1,64}): unsigned module loading is restricted"),
     re.compile(
@@ -256,8 +291,9 @@ class KernelMatcher:
         self.uuid_by_bus: OrderedDict[str, str] = OrderedDict()
         self._recent: deque[str] = deque(maxlen=4)
         self._oom_memcg: OrderedDict[int, str] = OrderedDict()
-        self._api_pending: Match | None = None
+        self._api_lines: list[str] = []  # an API mismatch message read so far
         self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
+        self._open_unsupported = False  # the open module's notice, for the next RmInitAdapter
 
     def feed(self, text: str) -> list[Match]:
         """All matches of one record (which may hold several lines)."""
@@ -268,19 +304,16 @@ class KernelMatcher:
         return out
 
     def flush(self) -> list[Match]:
-        """Whatever is still pending (end of a log): an API mismatch without its second line."""
-        pending, self._api_pending = self._api_pending, None
-        return [] if pending is None else [pending]
+        """Whatever is still pending (end of a log): an API mismatch without its last line."""
+        return self._api_mismatch(final=True)
 
     def feed_line(self, line: str) -> list[Match]:
         out: list[Match] = []
-        if self._api_pending is not None:
-            km = API_KERNEL.search(line)
-            pending, self._api_pending = self._api_pending, None
-            if km is not None:
-                pending.fields["kernel_version"] = km.group("kernel")
-                return [Match(pending.stream, pending.fields, pending.text + "\n" + line)]
-            out.append(pending)
+        if self._api_lines:
+            if "NVRM" in line and "version" in line and len(self._api_lines) < API_MAX_LINES:
+                self._api_lines.append(line)  # a further line of the message
+                return self._api_mismatch(final=False)
+            out.extend(self._api_mismatch(final=True))
         if "NVRM" in line:
             out.extend(self._nvrm(line))
         elif "SXid" in line:
@@ -354,6 +387,19 @@ class KernelMatcher:
                 }
                 return [Match("kernel.gpu_fallen_off_bus", fields, window[head.start() :])]
             return []
+        if OPEN_MODULE_NO_GSP.search(line):
+            window = "\n".join(self._recent)
+            head = FALLEN_HEAD.search(window)
+            if head is not None and "not supported by open" in window:
+                self._recent.clear()
+                fields = {
+                    "module": "nvidia",
+                    "reason": "not supported by the open kernel module (no GSP)",
+                    "pci_bus_id": pci_key(head.group("bus")),
+                    "open_module_unsupported": True,
+                }
+                return [Match("kernel.module_load_failure", fields, window[head.start() :])]
+            return []
         m = NVLINK_RX_DETECT.search(line)
         if m is not None:
             update = m.group("update")
@@ -363,20 +409,30 @@ class KernelMatcher:
                 "peer": None if m.group("peer") is None else int(m.group("peer")),
             }
             return [Match("kernel.nvlink_rx_detect_failure", fields, line)]
-        m = API_MISMATCH.search(line)
-        if m is not None:
-            fields = {
-                "client_version": m.group("client"),
-                "kernel_version": m.group("kernel") or "",
-                "client": m.group("client_name") or "",
-                "pid": None if m.group("pid") is None else int(m.group("pid")),
-            }
-            match = Match("kernel.api_mismatch", fields, line)
-            if m.group("kernel") is None:
-                self._api_pending = match
-                return []
-            return [match]
+        if API_HEAD.search(line):
+            self._api_lines = [line]
+            return self._api_mismatch(final=False)
+        if OPEN_MODULE_UNSUPPORTED.search(line):
+            self._open_unsupported = True
+            return []
         return self._module_failure(line)
+
+    def _api_mismatch(self, final: bool) -> list[Match]:
+        """The API mismatch read so far, once both versions are in (or ``final``)."""
+        if not self._api_lines:
+            return []
+        joined = " ".join(part.split("NVRM:", 1)[-1].strip() for part in self._api_lines)
+        m = API_MISMATCH.search(" ".join(joined.split()))
+        if m is None or (m.group("kernel") is None and not final):
+            return []
+        text, self._api_lines = "\n".join(self._api_lines), []
+        fields = {
+            "client_version": m.group("client") or "",
+            "kernel_version": m.group("kernel") or "",
+            "client": m.group("client_name") or "",
+            "pid": None if m.group("pid") is None else int(m.group("pid")),
+        }
+        return [Match("kernel.api_mismatch", fields, text)]
 
     def _module_failure(self, line: str) -> list[Match]:
         for rx, reason in MODULE_FAILURES:
@@ -384,11 +440,17 @@ class KernelMatcher:
             if m is not None:
                 groups = {k: (v or "") for k, v in m.groupdict().items()}
                 fields: dict[str, Any] = {
-                    "module": groups.get("module") or "nvidia",
+                    "module": module_name(groups.get("module") or "nvidia"),
                     "reason": reason.format(**groups).strip(),
                 }
                 if groups.get("bus"):
                     fields["pci_bus_id"] = pci_key(groups["bus"])
+                if "RmInitAdapter" in reason:
+                    # why this GPU was not initialised: the open module does not drive it
+                    fields["open_module_unsupported"] = self._open_unsupported
+                    if self._open_unsupported:
+                        fields["reason"] = "only ready for Data Center GPUs: " + fields["reason"]
+                    self._open_unsupported = False
                 return [Match("kernel.module_load_failure", fields, line)]
         return []
 
