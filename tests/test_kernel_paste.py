@@ -355,3 +355,28 @@ def test_api_mismatch_naming_the_client_over_three_lines(paste, client, pid, ver
     [ev] = [e for e in records_to_events(recs) if e.stream == "kernel.api_mismatch"]
     assert (ev.fields["client"], ev.fields["pid"]) == (client, pid)
     assert (ev.fields["client_version"], ev.fields["kernel_version"]) == versions
+
+
+# --- the sniffer takes these formats for what they are -------------------------------------
+
+RAW_PASTES = sorted(
+    p for p in (Path(__file__).parent / "fixtures" / "kernel-paste").iterdir()
+    if p.is_file() and p.name != "SOURCE.md"
+)
+
+
+@pytest.mark.parametrize("paste", RAW_PASTES, ids=lambda p: p.name)
+def test_a_raw_paste_in_a_format_the_reader_knows_is_not_taken_for_prose(paste: Path) -> None:
+    """Pasted as a raw file, every line the kernel-log reader dates (or the modprobe reader
+    finds a failure in) lands in a section replay reads, not in 'prose'."""
+    from moptd.bundle.classify import split
+    from moptd.collectors.driver import parse_modprobe_output
+    from moptd.kernel.logparse import parse_kernel_log
+
+    text = paste.read_text(errors="replace")
+    for s in split(text):
+        if s.kind != "prose":
+            continue
+        dated = [r for r in parse_kernel_log(s.text) if r.fmt != "plain"]
+        assert dated == [], (s.first, s.last, dated[:2])
+        assert parse_modprobe_output(s.text) == [], (s.first, s.last)

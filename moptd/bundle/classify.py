@@ -20,6 +20,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from moptd.collectors.driver import parse_modprobe_output
+from moptd.kernel.logparse import parse_kernel_log
+
 SNIFF_BYTES = 64 << 10
 MAX_MATCH_CHARS = 1024
 # A ticket holds a handful of pastes; past this many sections the rest is one unused section.
@@ -99,7 +102,10 @@ _STARTS: tuple[tuple[str, str], ...] = (
         r"|Unable to determine the device handle for (?:GPU|gpu)",
     ),
     ("driver-version", r"NVRM version: "),
-    ("modprobe", r"(?:modprobe|insmod|rmmod): (?:ERROR|FATAL|WARNING)\b"),
+    (
+        "modprobe",
+        r"(?:modprobe|insmod|rmmod): (?:ERROR|FATAL|WARNING)\b|FATAL: (?:Error inserting|Module) ",
+    ),
     ("lsmod", r"Module\s+Size\s+Used by\s*$|nvidia[\w]*\s+\d+\s+\d+(?:\s+[\w,-]+)?\s*$"),
     ("proc-modules", r"[\w-]+ \d+ (?:\d+|-) \S+ (?:Live|Loading|Unloading) 0x[0-9a-fA-F]+"),
     (
@@ -351,7 +357,31 @@ def _refine(s: Section) -> Section:
         s.kind = best if counts[best] else "python-log"
     elif s.kind == "nvidia-smi-xml" and not any("<nvidia_smi_log" in ln for ln in s.lines[:8]):
         s.kind = "prose"
+    elif s.kind == "prose" and len(s.lines) <= MAX_READ_AS_PROSE_LINES:
+        s.kind = _read_by_the_readers(s)
     return s
+
+
+# A prose section of at most this many lines is offered to the kernel-log and modprobe
+# readers too; a longer one is somebody's text, and reading it twice would cost.
+MAX_READ_AS_PROSE_LINES = 20_000
+
+
+def _read_by_the_readers(s: Section) -> str:
+    """The readers know more formats than the line patterns above (dmesg -H, journals in
+    other locales or as JSON over several lines, grep -n numbers, modprobe's older
+    wording): a section most of whose lines the kernel-log reader dates is a kernel log, one
+    the modprobe reader finds a failure in is modprobe output; else it stays prose."""
+    text = s.text
+    lines = sum(1 for ln in s.lines if ln.strip())
+    dated = sum(1 for r in parse_kernel_log(text) if r.fmt != "plain")
+    if lines and dated * 2 >= lines:
+        return "kernel-log"
+    if dated and text.lstrip().startswith("{"):
+        return "kernel-log"  # journalctl -o json-pretty: one record spans a dozen lines
+    if parse_modprobe_output(text):
+        return "modprobe"
+    return "prose"
 
 
 def whole_file_kind(sections: list[Section]) -> str | None:
