@@ -237,7 +237,7 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         )
     findings = []
     for f in report.findings:
-        f = dict(f, state="resolved" if f.get("resolved_at") else "firing")
+        f = dict(f, state=f.get("state") or ("resolved" if f.get("resolved_at") else "firing"))
         f["events"] = [
             {
                 "t": e.t,

@@ -45,7 +45,10 @@ def render_replay(report: ReplayReport, console: Console | None = None) -> None:
         )
         tree = Tree(label)
         tree.add(str(f["summary"]))
-        span = f"firing {_time(f['first_seen'])} .. {_time(f['last_seen'])}"
+        state = "unconfirmed" if f.get("state") == "unconfirmed" else "firing"
+        span = f"{state} {_time(f['first_seen'])} .. {_time(f['last_seen'])}"
+        if f.get("note"):
+            span += f" ({f['note']})"
         if f.get("resolved_at") is not None:
             span += f", resolved {_time(f['resolved_at'])}"
         tree.add(span)

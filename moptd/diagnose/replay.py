@@ -6,16 +6,19 @@ Replay consumes a Timeline; the caller passes the reader that builds one (moptd.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
 from moptd.diagnose.loader import RuleError, load_rules
-from moptd.diagnose.model import RuleSet
+from moptd.diagnose.model import Branch, RuleSet
 from moptd.diagnose.timeline import Timeline
+from moptd.observations import Batch
 from moptd.store import SignalStore
 
 
@@ -57,11 +60,69 @@ def replay(
     return replay_timeline(read_bundle(bundle), loaded.ruleset)
 
 
+UNCONFIRMED = "seen once; how long it has held is unknown"
+
+
+class Evidence:
+    """When each namespace's evidence (samples, not events) came first and last, as replay
+    feeds it: a series is read as of its namespace's newest evidence, and a ``for:`` is
+    counted only over evidence that was there (moptd.diagnose.lifecycle)."""
+
+    def __init__(self, ruleset: RuleSet) -> None:
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self._events = {name for name, spec in CATALOG.items() if spec.kind == "event"}
+        self._branches: dict[str, dict[str, Branch]] = {}
+        for rule in ruleset.rules:
+            nodes: dict[str, Branch] = {}
+            stack = [(rule.id, b) for b in rule.branches]
+            while stack:
+                prefix, b = stack.pop()
+                node = f"{prefix}/{b.id}"
+                nodes[node] = b
+                stack.extend((node, c) for c in b.children)
+            self._branches[rule.id] = nodes
+        self._kinds: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+
+    def saw(self, batch: Batch, t: float) -> None:
+        for ns in {s.signal.partition(".")[0] for s in batch.samples}:
+            self.first.setdefault(ns, t)
+            self.last[ns] = t
+
+    def kinds(self, res: Result) -> frozenset[str]:
+        """The namespaces of the series the conditions on a match's path read."""
+        key = (res.rule.id, tuple(res.path))
+        kinds = self._kinds.get(key)
+        if kinds is None:
+            nodes = self._branches.get(res.rule.id, {})
+            signals: set[str] = set()
+            for node in res.path:
+                b = nodes.get(node)
+                if b is not None and b.cond is not None:
+                    signals.update(b.cond.signals)
+            kinds = self._kinds[key] = frozenset(
+                sig.partition(".")[0] for sig in signals if sig not in self._events
+            )
+        return kinds
+
+    def until(self, res: Result) -> float:
+        """The newest time the evidence of every kind a match rests on was seen."""
+        seen = [self.last[k] for k in self.kinds(res) if k in self.last]
+        return min(seen) if seen else math.inf
+
+    def since_start(self, res: Result, pending_since: float) -> bool:
+        """Whether a match has held since the first evidence of the kinds it rests on (so
+        how long it held before that is unknown)."""
+        seen = [self.first[k] for k in self.kinds(res) if k in self.first]
+        return bool(seen) and pending_since <= max(seen)
+
+
 def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
     steps = tl.steps()
     clock = VirtualClock(steps[0] if steps else 0.0)
     store = SignalStore(clock=clock)
     life = Lifecycle()
+    evidence = Evidence(ruleset)
     missing = frozenset(tl.missing_namespaces)
     seen: dict[tuple[str, str, str], dict[str, object]] = {}
     obs = iter(tl.observations)
@@ -74,14 +135,15 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
         clock.set(t)
         while next_obs is not None and next_obs[0] <= t:
             store.ingest(next_obs[1], next_obs[2], next_obs[0])
+            evidence.saw(next_obs[2], next_obs[0])
             next_obs = next(obs, None)
         batch = []
         while next_ev is not None and next_ev.t <= t:
             batch.append(next_ev)
             next_ev = next(events, None)
         store.add_events(batch)
-        results = evaluate(ruleset, store, t, missing, reuse=reuse)
-        life.update(results, t)
+        results = evaluate(ruleset, store, t, missing, reuse=reuse, evidence_at=evidence.last)
+        life.update(results, t, evidence.until)
         for f in life.findings.values():
             if f.state != "firing":
                 continue
@@ -96,6 +158,7 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
         key = (f.rule, f.subject, f.code)
         if key in seen:
             seen[key]["resolved_at"] = f.resolved_at
+    _unconfirmed(life, results, evidence, seen)
     unknown: list[dict[str, object]] = [
         {"rule": r.rule.id, "subject": r.subject, "conditions": r.unknown}
         for r in results
@@ -107,3 +170,24 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
     return ReplayReport(
         str(tl.path), len(steps), sorted(tl.missing), findings, unknown, dict(tl.meta)
     )
+
+
+def _unconfirmed(
+    life: Lifecycle,
+    results: list[Result],
+    evidence: Evidence,
+    seen: dict[tuple[str, str, str], dict[str, object]],
+) -> None:
+    """A match still pending at the end, held since the first evidence of its kinds: one
+    snapshot (or a stretch shorter than the ``for:``) cannot say how long it has held, so
+    it is reported as such rather than dropped."""
+    last = {(r.rule.id, r.subject): r for r in results if r.status == "match"}
+    for key, f in life.findings.items():
+        res = last.get(key)
+        if f.state != "pending" or res is None:
+            continue
+        if not evidence.since_start(res, f.pending_since):
+            continue
+        entry = f.to_json()
+        entry.update(state="unconfirmed", first_seen=f.pending_since, note=UNCONFIRMED)
+        seen.setdefault((f.rule, f.subject, f.code), entry)
