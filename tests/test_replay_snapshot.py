@@ -6,6 +6,9 @@ The bundles are real pastes (tests/fixtures/snapshot-evidence/SOURCE.md)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,64 @@ def test_a_for_zero_rule_fires_on_evidence_older_than_its_step() -> None:
     life = Lifecycle()
     life.update([_match(_rule(0.0))], 420.0, lambda _res: 0.0)
     assert [f.state for f in life.findings.values()] == ["firing"]
+
+
+# --- untimed lines: ordered, never dated 1970 ---
+
+KERNEL_ONLY = Path(__file__).parent / "fixtures" / "kernel-only-gpu" / "gpud_sxid_readme_xid79.txt"
+OOM_ONLY = Path(__file__).parent / "fixtures" / "bundles" / "vllm-log-oom-plain"
+
+
+def _kernel_only_bundle(root: Path) -> Path:
+    (root / "kernel").mkdir(parents=True)
+    (root / "kernel" / "dmesg.txt").write_bytes(KERNEL_ONLY.read_bytes())
+    (root / "bundle.yaml").write_text("format: moptd-bundle/v1\nhost: pasted\n")
+    return root
+
+
+def test_dmesg_in_seconds_since_boot_alone_is_relative_to_boot(tmp_path: Path) -> None:
+    report = _replay(_kernel_only_bundle(tmp_path / "b"))
+    out = report.to_json()
+    assert out["untimed"] is True
+    assert out["relative_to"] == "kernel boot"
+    assert report.steps == 2  # the lines keep their own order and spacing
+    [f] = [f for f in report.findings if f["code"] == "GPU_LOST"]
+    assert f["first_seen"] is None
+    assert f["last_seen"] is None
+    assert f["relative"] == {
+        "to": "kernel boot",
+        "first_seen": 6781741.548779,  # the Xid 79 line's own stamp
+        "last_seen": 6781741.548783,  # the "fallen off the bus" line after it
+    }
+    assert "seconds since kernel boot" in report.time_note()
+
+
+def _printed(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "moptd", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TZ": "UTC", "COLUMNS": "200"},
+        check=False,
+    )
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def test_untimed_findings_are_never_dated_1970(tmp_path: Path) -> None:
+    bundle = _kernel_only_bundle(tmp_path / "b")
+    for args in (("replay", str(bundle)), ("explain", "--bundle", str(bundle))):
+        text = _printed(*args)
+        assert "GPU_LOST" in text
+        assert "1970" not in text
+        assert "seconds since kernel boot" in text
+
+
+def test_a_log_line_without_a_time_of_its_own_is_marked() -> None:
+    # a pasted vLLM traceback: no line carries a date; the bundle has captured_at only
+    report = _replay(OOM_ONLY)
+    [f] = [f for f in report.findings if f["code"] == "CUDA_OOM"]
+    assert f["untimed"] is True
+    assert f["first_seen"] is None
+    assert "1970" not in _printed("replay", str(OOM_ONLY))

@@ -19,6 +19,7 @@ live, once:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from moptd.diagnose.timeline import Timeline
 from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
 from moptd.gpu.recorded import RecordingError, read_samples
 from moptd.kernel.attribution import records_to_events
-from moptd.kernel.logparse import parse_kernel_log
+from moptd.kernel.logparse import KernelRecord, parse_kernel_log
 from moptd.proc.pci import normalize_pci
 from moptd.serving.bundle import ServingBundleError, read_serving_dir
 
@@ -60,9 +61,43 @@ def _read(root: Path, shown: Path) -> Timeline:
     if first is None:
         first = min((e.t for e in tl.events), default=0.0)
         tl.observations = [(first if math.isnan(t) else t, s, b) for t, s, b in tl.observations]
+    _place_untimed(tl, start)
     tl.observations.sort(key=lambda o: o[0])
     tl.events.sort(key=lambda e: e.t)
     return tl
+
+
+def _untimed(t: float) -> bool:
+    """A time no evidence gave: a log line with no time of its own is stamped 0 (or NaN)."""
+    return not t > 0 or math.isinf(t)
+
+
+def _place_untimed(tl: Timeline, start: float | None) -> None:
+    """With no wall-clock time anywhere (not even captured_at) the timeline is untimed:
+    its times are relative (seconds since the kernel's boot) or none at all (0: only the
+    order counts, which the stable sorts after this keep), never dates. Where other
+    evidence is timed, a line without a time of its own stays at 0, before all of it;
+    replay marks the findings it decides."""
+    if tl.relative_to:
+        tl.untimed = True
+    elif (
+        start is None
+        and not any(not _untimed(t) for t, _, _ in tl.observations)
+        and not any(not _untimed(e.t) for e in tl.events)
+    ):
+        tl.untimed = True
+        tl.observations = [(0.0, s, b) for _, s, b in tl.observations]
+        tl.events = [e if e.t == 0.0 else replace(e, t=0.0) for e in tl.events]
+
+
+def _since_boot(records: list[KernelRecord]) -> bool:
+    """With no wall-clock time anywhere, kernel lines keep their seconds since boot as the
+    (relative) time, so their order and spacing stay; True when that applied."""
+    if any(r.t is not None for r in records) or not any(r.uptime is not None for r in records):
+        return False
+    for r in records:
+        r.t = r.uptime
+    return True
 
 
 def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
@@ -144,6 +179,10 @@ def _read_kernel(
         year = datetime.fromtimestamp(start).year  # noqa: DTZ006 - only the year is used
     boot_time = boot if isinstance(boot, int | float) else None
     records = parse_kernel_log(read_text(path), boot_time, year)
+    dated = any(not _untimed(e.t) for e in tl.events)
+    if boot_time is None and first is None and start is None and not dated:
+        if _since_boot(records):
+            tl.relative_to = "kernel boot"
     default = first
     if default is None:
         default = min((r.t for r in records if r.t is not None), default=start or 0.0)

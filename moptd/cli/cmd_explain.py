@@ -231,6 +231,8 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         print(f"moptd explain: {exc}", file=sys.stderr)
         return None
     notes = [f"Bundle {path}: {report.steps} time steps replayed."]
+    if report.untimed:
+        notes.append(report.time_note())
     if report.missing_evidence:
         notes.append(
             "Missing from the bundle (evidence unknown): " + ", ".join(report.missing_evidence)
@@ -240,7 +242,7 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
         f = dict(f, state=f.get("state") or ("resolved" if f.get("resolved_at") else "firing"))
         f["events"] = [
             {
-                "t": e.t,
+                "t": None if tl.untimed else e.t,  # an untimed bundle's are no dates
                 "stream": e.stream,
                 "subject": e.subject,
                 "text": e.text,

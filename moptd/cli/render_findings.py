@@ -21,6 +21,14 @@ def _time(t: object) -> str:
     return datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _when(f: dict[str, object], key: str) -> str:
+    """A finding's time; an untimed replay's in seconds since what it is relative to."""
+    rel = f.get("relative")
+    if f.get(key) is None and isinstance(rel, dict) and isinstance(rel.get(key), int | float):
+        return f"{rel[key]:.3f} s"
+    return _time(f.get(key))
+
+
 def render_replay(report: ReplayReport, console: Console | None = None) -> None:
     # piped (into a ticket) nothing is wrapped: a command or condition stays one line
     out = console or Console(width=None if Console().is_terminal else _UNWRAPPED)
@@ -30,6 +38,8 @@ def render_replay(report: ReplayReport, console: Console | None = None) -> None:
     out.print(
         f"{report.steps} steps; missing evidence: {', '.join(report.missing_evidence) or 'none'}"
     )
+    if report.untimed:
+        out.print(report.time_note())
     if not report.findings:
         out.print(Text("No findings.", style="green"))
     else:
@@ -46,11 +56,13 @@ def render_replay(report: ReplayReport, console: Console | None = None) -> None:
         tree = Tree(label)
         tree.add(str(f["summary"]))
         state = "unconfirmed" if f.get("state") == "unconfirmed" else "firing"
-        span = f"{state} {_time(f['first_seen'])} .. {_time(f['last_seen'])}"
+        span = f"{state} {_when(f, 'first_seen')} .. {_when(f, 'last_seen')}"
+        if f.get("untimed"):
+            span = f"{state} on lines without a time of their own"
         if f.get("note"):
             span += f" ({f['note']})"
-        if f.get("resolved_at") is not None:
-            span += f", resolved {_time(f['resolved_at'])}"
+        if _when(f, "resolved_at") != "?":
+            span += f", resolved {_when(f, 'resolved_at')}"
         tree.add(span)
         tree.add(f"rule {f['rule']}, path: {' > '.join(map(str, f['path']))}")  # type: ignore[call-overload]
         evidence = f.get("evidence") or {}

@@ -36,15 +36,29 @@ class ReplayReport:
     findings: list[dict[str, object]]
     unknown: list[dict[str, object]] = field(default_factory=list)
     meta: dict[str, object] = field(default_factory=dict)
+    untimed: bool = False  # no wall-clock time in the evidence (Timeline.untimed)
+    relative_to: str = ""  # what the findings' "relative" times count from, if anything
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "bundle": self.bundle,
             "steps": self.steps,
             "missing_evidence": self.missing_evidence,
             "findings": self.findings,
             "unknown": self.unknown,
         }
+        if self.untimed:
+            out["untimed"] = True
+            out["relative_to"] = self.relative_to or None
+        return out
+
+    def time_note(self) -> str:
+        """What the times of an untimed replay mean ("" when they are wall-clock times)."""
+        if not self.untimed:
+            return ""
+        if self.relative_to:
+            return f"No date in the evidence: times are seconds since {self.relative_to}."
+        return "No time in the evidence: findings are in the order the evidence gave them."
 
 
 def replay(
@@ -167,9 +181,40 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
     findings = sorted(
         seen.values(), key=lambda e: (str(e["subject"]), str(e["code"]), str(e["rule"]))
     )
+    for entry in findings:
+        if tl.untimed:
+            _undate(entry, tl.relative_to)
+        elif any(entry.get(name) == 0.0 for name in _TIMES):
+            _undate(entry, "", only_zero=True)  # decided by lines without a time of their own
     return ReplayReport(
-        str(tl.path), len(steps), sorted(tl.missing), findings, unknown, dict(tl.meta)
+        str(tl.path),
+        len(steps),
+        sorted(tl.missing),
+        findings,
+        unknown,
+        dict(tl.meta),
+        tl.untimed,
+        tl.relative_to,
     )
+
+
+_TIMES = ("first_seen", "last_seen", "resolved_at")
+
+
+def _undate(entry: dict[str, object], relative_to: str, only_zero: bool = False) -> None:
+    """Times that are no Unix times become null: all of an untimed replay's (the relative
+    ones, seconds since the kernel's boot, go under "relative" where the evidence gave
+    those), or the zeros that lines without a time of their own left (``only_zero``: the
+    finding is marked "untimed")."""
+    relative: dict[str, object] = {"to": relative_to}
+    for name in _TIMES:
+        if name in entry and (not only_zero or entry[name] == 0.0):
+            relative[name] = entry[name]
+            entry[name] = None
+    if relative_to:
+        entry["relative"] = relative
+    if only_zero:
+        entry["untimed"] = True
 
 
 def _unconfirmed(

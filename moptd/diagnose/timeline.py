@@ -27,6 +27,11 @@ class Timeline:
     missing: list[str] = field(default_factory=list)
     missing_namespaces: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    # No wall-clock time anywhere in the evidence: the times are relative (to the kernel's
+    # boot where ``relative_to`` says "kernel boot", else only the order counts) and must
+    # never be printed as dates (they would read as 1970).
+    untimed: bool = False
+    relative_to: str = ""
 
     def steps(self) -> list[float]:
         times = {t for t, _, _ in self.observations} | {e.t for e in self.events}
