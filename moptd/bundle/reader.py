@@ -19,6 +19,7 @@ live, once:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -30,9 +31,10 @@ from moptd.bundle.sources import collect_stack
 from moptd.collector import GpuIdentities
 from moptd.diagnose.timeline import Timeline
 from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
-from moptd.gpu.recorded import RecordingError, read_samples
+from moptd.gpu.recorded import RecordingError, SampleRows, open_rows, read_samples
 from moptd.kernel.attribution import records_to_events
 from moptd.kernel.logparse import KernelRecord, parse_kernel_log
+from moptd.observations import Batch
 from moptd.proc.pci import normalize_pci
 from moptd.serving.bundle import ServingBundleError, read_serving_dir
 
@@ -54,6 +56,8 @@ def _read(root: Path, shown: Path) -> Timeline:
     _read_samples(root / "gpu" / "samples.jsonl", tl)
     _read_serving(root, tl)
     first = min((t for t, _, _ in tl.observations), default=start)
+    if tl.lazy_first is not None:
+        first = tl.lazy_first if first is None else min(first, tl.lazy_first)
     stack = collect_stack(root, tl.missing, identities)
     _read_kernel(root, tl, identities, first, start)
     at = first if first is not None else 0.0
@@ -82,6 +86,7 @@ def _place_untimed(tl: Timeline, start: float | None) -> None:
         tl.untimed = True
     elif (
         start is None
+        and tl.lazy_first is None
         and not any(not _untimed(t) for t, _, _ in tl.observations)
         and not any(not _untimed(e.t) for e in tl.events)
     ):
@@ -134,13 +139,33 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
 
 
 def _read_samples(path: Path, tl: Timeline) -> None:
+    """Plain rows in time order (what ``moptd record`` writes) are read as the replay goes
+    (Timeline.lazy): a day of them held whole took most of a replay's memory. Anything
+    else is read whole, sorted, and checked line by line here."""
     if not path.exists():
         return  # optional even among optional files: not listed as missing evidence
+    try:
+        rows = open_rows(path)
+    except OSError as exc:
+        raise BundleError(str(path), 0, f"cannot read: {exc}") from None
+    if rows is not None:
+        tl.lazy = lambda: _streamed(rows)
+        tl.lazy_first, tl.lazy_last = rows.first, rows.last
+        tl.lazy_follows = frozenset({"nvml"})  # read before the samples, as below
+        return
     try:
         timeline = read_samples(path)
     except RecordingError as e:
         raise BundleError(str(e.path), e.line, e.message) from None
     tl.observations.extend((t, "samples", b) for t, b in timeline)
+
+
+def _streamed(rows: SampleRows) -> Iterator[tuple[float, str, Batch]]:
+    try:
+        for t, b in rows:
+            yield t, "samples", b
+    except RecordingError as e:
+        raise BundleError(str(e.path), e.line, e.message) from None
 
 
 def _read_serving(root: Path, tl: Timeline) -> None:

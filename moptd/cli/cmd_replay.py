@@ -29,13 +29,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_replay(args: argparse.Namespace) -> int:
     from moptd.bundle import BundleError, read_bundle
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
+    from moptd.cli.replay_progress import TerminalProgress
     from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.replay import RulesInvalid, replay
 
     rules = [Path(r) for r in args.rules] or [default_rules_dir()]
+    progress = TerminalProgress(sys.stderr)  # a line on stderr, on a terminal only
     try:
         check_bundle(Path(args.bundle))
-        report = replay(Path(args.bundle), rules, read_bundle)
+        report = replay(Path(args.bundle), rules, read_bundle, progress)
     except (BundleError, BundleRefused) as e:
         print(f"moptd replay: {e}", file=sys.stderr)
         return EXIT_BAD_BUNDLE
@@ -43,6 +45,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for err in e.errors:
             print(err, file=sys.stderr)
         return EXIT_BAD_RULES
+    finally:
+        progress.finish()
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=1, sort_keys=False)
         sys.stdout.write("\n")

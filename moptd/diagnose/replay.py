@@ -65,16 +65,20 @@ def replay(
     bundle: Path,
     rule_paths: Sequence[str | Path],
     read_bundle: Callable[[Path], Timeline],
+    progress: Callable[[Timeline], Callable[[float], None] | None] | None = None,
 ) -> ReplayReport:
     """Raises RulesInvalid for a bad rule set (checked first), and whatever ``read_bundle``
-    raises for an unreadable bundle (moptd.bundle.BundleError)."""
+    raises for an unreadable bundle (moptd.bundle.BundleError), also while the replay
+    reads a lazy stream. ``progress`` makes replay_timeline's callback for the timeline."""
     loaded = load_rules(rule_paths)
     if loaded.errors:
         raise RulesInvalid(loaded.errors)
-    return replay_timeline(read_bundle(bundle), loaded.ruleset)
+    tl = read_bundle(bundle)
+    return replay_timeline(tl, loaded.ruleset, progress(tl) if progress is not None else None)
 
 
 UNCONFIRMED = "seen once; how long it has held is unknown"
+_PROGRESS_EVERY = 2000  # steps between progress calls
 
 
 class Evidence:
@@ -131,21 +135,33 @@ class Evidence:
         return bool(seen) and pending_since <= max(seen)
 
 
-def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
-    steps = tl.steps()
-    clock = VirtualClock(steps[0] if steps else 0.0)
+def replay_timeline(
+    tl: Timeline, ruleset: RuleSet, progress: Callable[[float], None] | None = None
+) -> ReplayReport:
+    """``progress`` is called now and then with the time replayed up to (for a terminal)."""
+    obs = tl.iter_observations()
+    events = iter(tl.events)
+    next_obs = next(obs, None)
+    next_ev = next(events, None)
+    start = min(
+        next_obs[0] if next_obs is not None else math.inf,
+        next_ev.t if next_ev is not None else math.inf,
+    )
+    clock = VirtualClock(start if math.isfinite(start) else 0.0)
     store = SignalStore(clock=clock)
     life = Lifecycle()
     evidence = Evidence(ruleset)
     missing = frozenset(tl.missing_namespaces)
     seen: dict[tuple[str, str, str], dict[str, object]] = {}
-    obs = iter(tl.observations)
-    events = iter(tl.events)
-    next_obs = next(obs, None)
-    next_ev = next(events, None)
     results: list[Result] = []
     reuse = Reuse()  # as the daemon evaluates
-    for t in steps:
+    steps = 0
+    while next_obs is not None or next_ev is not None:
+        # the next time stamp of either (the steps are every distinct one, in order)
+        t = next_obs[0] if next_obs is not None else math.inf
+        if next_ev is not None and next_ev.t < t:
+            t = next_ev.t
+        steps += 1
         clock.set(t)
         while next_obs is not None and next_obs[0] <= t:
             store.ingest(next_obs[1], next_obs[2], next_obs[0])
@@ -167,6 +183,8 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
             if key in seen:
                 entry["first_seen"] = seen[key]["first_seen"]
             seen[key] = entry
+        if progress is not None and steps % _PROGRESS_EVERY == 0:
+            progress(t)
     # Findings that resolved during the replay carry resolved_at.
     for f in life.history:
         key = (f.rule, f.subject, f.code)
@@ -188,7 +206,7 @@ def replay_timeline(tl: Timeline, ruleset: RuleSet) -> ReplayReport:
             _undate(entry, "", only_zero=True)  # decided by lines without a time of their own
     return ReplayReport(
         str(tl.path),
-        len(steps),
+        steps,
         sorted(tl.missing),
         findings,
         unknown,
