@@ -253,12 +253,12 @@ def bundle_view(path: Path) -> dict[str, Any] | None:
             or (f.get("pci_bus_id") and e.fields.get("pci_bus_id") == f.get("pci_bus_id"))
         ][-20:]
         findings.append(f)
-    steps = tl.steps()
+    span = tl.span()  # its last time is the last step (steps() would read a stream again)
     return {
         "source": "bundle",
         "notes": notes,
         "findings": findings,
-        "time": steps[-1] if steps else time.time(),
+        "time": span[1] if span else time.time(),
         "gpus": bundle_gpus(tl),
     }
 
