@@ -110,6 +110,15 @@ def test_a_tarball_streams_after_its_unpacked_copy_is_gone(tmp_path: Path) -> No
             ),
             max_size=8,
         ).map(lambda rows: "\n".join(json.dumps(r) for r in rows).encode()),
+        # a time given twice (json takes the last) or named as a value: the up-front pass
+        # must read the time json reads
+        st.lists(
+            st.tuples(st.integers(-5, 5), st.integers(-5, 5), st.booleans()).map(
+                lambda x: f'{{"t": {x[0] + 10}, "{"t" if x[2] else "u"}": {x[1] + 10}}}'
+            ),
+            min_size=1,
+            max_size=6,
+        ).map(lambda lines: "\n".join(lines).encode()),
     )
 )
 def test_any_file_streams_as_read_whole_or_is_read_whole(tmp_path: Path, data: bytes) -> None:
@@ -125,6 +134,7 @@ def test_any_file_streams_as_read_whole_or_is_read_whole(tmp_path: Path, data: b
             read_samples(path)
         return
     assert streamed == read_samples(path)
+    assert (rows.first, rows.last, rows.rows) == (streamed[0][0], streamed[-1][0], len(streamed))
 
 
 class _Terminal(io.StringIO):

@@ -39,6 +39,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -669,9 +670,7 @@ def _rows(lines: Sequence[str], path: Path) -> Recording:
 _NOT_A_ROW = "each line is a JSON object"
 
 
-def _row(
-    s: dict[str, Any], lineno: int, path: Path
-) -> tuple[float, int, FastReading, SlowReading]:
+def _row(s: dict[str, Any], lineno: int, path: Path) -> tuple[float, int, FastReading, SlowReading]:
     """One row: (t, gpu, its fast reading, its PCIe/process slow reading)."""
     t = s.get("t")
     if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
@@ -719,6 +718,21 @@ def _decoded(fh: BinaryIO, path: Path) -> Iterator[str]:
             raise RecordingError(path, lineno, f"cannot read: {exc}") from None
 
 
+# The time as sample_row writes it, first: {"t": 1795969286.868, ...
+_T_FIRST = re.compile(
+    r'[ \t]*\{[ \t]*"t"[ \t]*:[ \t]*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)[ \t]*[,}]'
+)
+
+
+def _leading_t(text: str) -> float | None:
+    """A row's time without parsing the row, where the line opens with it and names "t"
+    nowhere else (json would take the last of two); None: parse the line."""
+    m = _T_FIRST.match(text)
+    if m is None or text.count('"t"') != 1:
+        return None
+    return float(m.group(1))
+
+
 def open_rows(path: Path) -> SampleRows | None:
     """The file as SampleRows when it holds plain rows whose times never go back; None
     for anything else (a recording, rows out of order, a line that is no row): those are
@@ -734,12 +748,14 @@ def open_rows(path: Path) -> SampleRows | None:
                 continue
             if len(text.splitlines()) != 1:  # a separator str.splitlines takes, not \n
                 break
-            obj = json.loads(text)
-            if not isinstance(obj, dict) or "format" in obj:
-                break
-            t = obj.get("t")
-            if isinstance(t, bool) or not isinstance(t, int | float):
-                break
+            t = _leading_t(text)
+            if t is None:  # not what moptd record writes: the whole line, as json reads it
+                obj = json.loads(text)
+                if not isinstance(obj, dict) or "format" in obj:
+                    break
+                t = obj.get("t")
+                if isinstance(t, bool) or not isinstance(t, int | float):
+                    break
             if not t > 0 or not math.isfinite(t) or (rows and t < last):
                 break
             first = t if not rows else first
