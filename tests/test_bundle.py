@@ -23,7 +23,7 @@ def test_h200_bundle_timeline() -> None:
     steps = tl.steps()
     assert len(steps) == 92  # 90 NVML samples + 2 nvidia-smi dumps
     assert steps[0] == pytest.approx(1795969286.0)
-    sources = {s for _, s, _ in tl.observations}
+    sources = {s for _, s, _ in tl.iter_observations()}
     assert sources == {"nvml", "samples", "host", "driver"}
     assert tl.events == [] or all(e.t >= steps[0] for e in tl.events)
 
@@ -58,8 +58,8 @@ def test_tar_gz_bundle(tmp_path: Path) -> None:
         tar.add(FIXTURES / "scenarios" / "row-remap-pending-a10", arcname="row-remap")
     tl = read_bundle(tgz)
     # the nvidia-smi dump, and the driver collector's reading of the version it shows
-    assert [s for _, s, _ in tl.observations] == ["nvml", "driver"]
-    driver = tl.observations[1][2]
+    assert [s for _, s, _ in tl.iter_observations()] == ["nvml", "driver"]
+    driver = list(tl.iter_observations())[1][2]
     assert [s.signal for s in driver.samples] == ["driver.user_space_version"]
 
 
@@ -161,7 +161,7 @@ def test_readers_never_crash(tmp_path: Path, rel: str, text: str) -> None:
     except BundleError as e:
         problem = e
     else:
-        assert all(isinstance(t, float) for t, _, _ in tl.observations)
+        assert all(isinstance(t, float) for t, _, _ in tl.iter_observations())
         return
     assert problem.line >= 0
     assert problem.message
@@ -190,5 +190,7 @@ def test_samples_jsonl_roundtrip(tmp_path: Path, rows: list[dict[str, float]]) -
     (bundle / "gpu").mkdir(parents=True, exist_ok=True)
     (bundle / "gpu" / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     tl = read_bundle(bundle)
-    utils = [s.value for _, _, b in tl.observations for s in b.samples if s.signal == "gpu.util"]
+    utils = [
+        s.value for _, _, b in tl.iter_observations() for s in b.samples if s.signal == "gpu.util"
+    ]
     assert sorted(utils) == pytest.approx(sorted(r["util"] / 100 for r in rows))

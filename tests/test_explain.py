@@ -413,7 +413,9 @@ def test_json_is_the_old_shape_plus_added_fields():
     }  # fmt: skip
     added = {"action_steps", "decided_by", "attribution", "runbook_command"}
     for f in body["findings"]:
-        assert old <= set(f) <= old | added | {"pci_bus_id", "resolved_at", "nvidia_actions"}
+        optional = {"pci_bus_id", "resolved_at", "nvidia_actions"}
+        optional |= {"untimed", "note", "relative"}  # replay's marks for untimed/unconfirmed
+        assert old <= set(f) <= old | added | optional
         assert added <= set(f)
         assert [f"{s['kind']}: {s['text']}" for s in f["action_steps"]] == f["actions"]
     lost = next(f for f in body["findings"] if f["code"] == "GPU_LOST")

@@ -256,7 +256,7 @@ def test_live_and_replay_give_the_same_samples_from_the_same_evidence(tmp_path: 
     rows = [sample_row(1_795_974_810.0 + i, 0, r) for i, r in enumerate(readings)]
     tl = read_bundle(_bundle(tmp_path / "bundle", rows))
 
-    replay = [s for _, name, b in tl.observations if name in ("host", "driver", "container")
+    replay = [s for _, name, b in tl.iter_observations() if name in ("host", "driver", "container")
               for s in b.samples]
     live_stack = {k for k in _stack(live.samples) if k[0] not in LIVE_ONLY}
     assert ABSENT_CONFIG <= live_stack
@@ -273,7 +273,7 @@ def test_live_and_replay_give_the_same_samples_from_the_same_evidence(tmp_path: 
     assert any(k[0] == "node.disk_used_ratio" for k in replay_stack)
     assert any(k[0] == "driver.dev_node_present" for k in replay_stack)
 
-    samples = [b for _, name, b in tl.observations if name == "samples"]
+    samples = [b for _, name, b in tl.iter_observations() if name == "samples"]
     assert len(samples) == len(readings)
     for r, b in zip(readings, samples, strict=True):
         want = [s for s in gpu_batch(StaticReading(index=0), r, None).samples
@@ -303,5 +303,5 @@ def test_the_two_old_disagreements_are_gone(
     (tmp_path / rel).parent.mkdir(parents=True)
     (tmp_path / rel).write_text(text)
     tl = read_bundle(tmp_path)
-    got = [s.value for _, _, b in tl.observations for s in b.samples if s.signal == signal]
+    got = [s.value for _, _, b in tl.iter_observations() for s in b.samples if s.signal == signal]
     assert got == expected

@@ -217,7 +217,7 @@ def test_nvml_samples_the_recorder_writes_are_what_replay_reads(tmp_path: Path) 
         recorder._nvml_sample(tmp_path)
     assert recorder.files == ["gpu/samples.jsonl"]
     tl = read_bundle(tmp_path)
-    got = [b for _, source, b in tl.observations if source == "samples"]
+    got = [b for _, source, b in tl.iter_observations() if source == "samples"]
     same = RecordedBackend.from_file(recording)
     assert len(got) == 30
     for batch in got:

@@ -20,6 +20,8 @@ live, once:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -30,9 +32,10 @@ from moptd.bundle.sources import collect_stack
 from moptd.collector import GpuIdentities
 from moptd.diagnose.timeline import Timeline
 from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
-from moptd.gpu.recorded import RecordingError, read_samples
+from moptd.gpu.recorded import RecordingError, SampleRows, open_rows, read_samples
 from moptd.kernel.attribution import records_to_events
-from moptd.kernel.logparse import parse_kernel_log
+from moptd.kernel.logparse import KernelRecord, parse_kernel_log
+from moptd.observations import Batch
 from moptd.proc.pci import normalize_pci
 from moptd.serving.bundle import ServingBundleError, read_serving_dir
 
@@ -62,6 +65,8 @@ def _read(root: Path, shown: Path) -> Timeline:
     _read_serving(root, tl)
     # an untimed dump is NaN until placed (min() would return a leading NaN)
     first = min((t for t, _, _ in tl.observations if not math.isnan(t)), default=start)
+    if tl.lazy_first is not None:
+        first = tl.lazy_first if first is None else min(first, tl.lazy_first)
     stack = collect_stack(root, tl.missing, identities)
     _read_kernel(root, tl, identities, first, start)
     at = first if first is not None else 0.0
@@ -69,9 +74,44 @@ def _read(root: Path, shown: Path) -> Timeline:
     if first is None:
         first = min((e.t for e in tl.events), default=0.0)
     tl.observations = [(first if math.isnan(t) else t, s, b) for t, s, b in tl.observations]
+    _place_untimed(tl, start)
     tl.observations.sort(key=lambda o: o[0])
     tl.events.sort(key=lambda e: e.t)
     return tl
+
+
+def _untimed(t: float) -> bool:
+    """A time no evidence gave: a log line with no time of its own is stamped 0 (or NaN)."""
+    return not t > 0 or math.isinf(t)
+
+
+def _place_untimed(tl: Timeline, start: float | None) -> None:
+    """With no wall-clock time anywhere (not even captured_at) the timeline is untimed:
+    its times are relative (seconds since the kernel's boot) or none at all (0: only the
+    order counts, which the stable sorts after this keep), never dates. Where other
+    evidence is timed, a line without a time of its own stays at 0, before all of it;
+    replay marks the findings it decides."""
+    if tl.relative_to:
+        tl.untimed = True
+    elif (
+        start is None
+        and tl.lazy_first is None
+        and not any(not _untimed(t) for t, _, _ in tl.observations)
+        and not any(not _untimed(e.t) for e in tl.events)
+    ):
+        tl.untimed = True
+        tl.observations = [(0.0, s, b) for _, s, b in tl.observations]
+        tl.events = [e if e.t == 0.0 else replace(e, t=0.0) for e in tl.events]
+
+
+def _since_boot(records: list[KernelRecord]) -> bool:
+    """With no wall-clock time anywhere, kernel lines keep their seconds since boot as the
+    (relative) time, so their order and spacing stay; True when that applied."""
+    if any(r.t is not None for r in records) or not any(r.uptime is not None for r in records):
+        return False
+    for r in records:
+        r.t = r.uptime
+    return True
 
 
 def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
@@ -108,13 +148,33 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
 
 
 def _read_samples(path: Path, tl: Timeline) -> None:
+    """Plain rows in time order (what ``moptd record`` writes) are read as the replay goes
+    (Timeline.lazy): a day of them held whole took most of a replay's memory. Anything
+    else is read whole, sorted, and checked line by line here."""
     if not path.exists():
         return  # optional even among optional files: not listed as missing evidence
+    try:
+        rows = open_rows(path)
+    except OSError as exc:
+        raise BundleError(str(path), 0, f"cannot read: {exc}") from None
+    if rows is not None:
+        tl.lazy = lambda: _streamed(rows)
+        tl.lazy_first, tl.lazy_last = rows.first, rows.last
+        tl.lazy_follows = frozenset({"nvml"})  # read before the samples, as below
+        return
     try:
         timeline = read_samples(path)
     except RecordingError as e:
         raise BundleError(str(e.path), e.line, e.message) from None
     tl.observations.extend((t, "samples", b) for t, b in timeline)
+
+
+def _streamed(rows: SampleRows) -> Iterator[tuple[float, str, Batch]]:
+    try:
+        for t, b in rows:
+            yield t, "samples", b
+    except RecordingError as e:
+        raise BundleError(str(e.path), e.line, e.message) from None
 
 
 def _read_serving(root: Path, tl: Timeline) -> None:
@@ -163,6 +223,10 @@ def _read_kernel(
         held["last"] = max(times, default=None)
         tl.read.append({"input": rel, "kind": "kernel-log", "used": True, "as": rel, "held": held})
         records.extend(got)
+    dated = any(not _untimed(e.t) for e in tl.events)
+    if boot_time is None and first is None and start is None and not dated:
+        if _since_boot(records):
+            tl.relative_to = "kernel boot"
     default = first
     if default is None:
         default = min((r.t for r in records if r.t is not None), default=start or 0.0)

@@ -250,16 +250,18 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     notes += [f"Not used: {line}" for line in unused]
     if not used:
         notes.append("Nothing could be read: no findings below says nothing about health.")
+    if report.untimed:
+        notes.append(report.time_note())
     if report.missing_evidence:
         notes.append(
             "Missing from the bundle (evidence unknown): " + ", ".join(report.missing_evidence)
         )
     findings = []
     for f in report.findings:
-        f = dict(f, state="resolved" if f.get("resolved_at") else "firing")
+        f = dict(f, state=f.get("state") or ("resolved" if f.get("resolved_at") else "firing"))
         f["events"] = [
             {
-                "t": e.t,
+                "t": None if tl.untimed else e.t,  # an untimed bundle's are no dates
                 "stream": e.stream,
                 "subject": e.subject,
                 "text": e.text,
@@ -270,14 +272,14 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
             or (f.get("pci_bus_id") and e.fields.get("pci_bus_id") == f.get("pci_bus_id"))
         ][-20:]
         findings.append(f)
-    steps = tl.steps()
+    span = tl.span()  # its last time is the last step (steps() would read a stream again)
     return {
         "source": "bundle",
         "notes": notes,
         "read": report.read,
         "unusable": bool(bad),
         "findings": findings,
-        "time": steps[-1] if steps else time.time(),
+        "time": span[1] if span else time.time(),
         "gpus": bundle_gpus(tl),
     }
 

@@ -71,6 +71,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from moptd.bundle import BundleError
     from moptd.bundle.intake import read_inputs, unusable
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
+    from moptd.cli.replay_progress import TerminalProgress
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
 
@@ -80,12 +81,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for err in loaded.errors:
             print(err, file=sys.stderr)
         return EXIT_BAD_RULES
+    progress = TerminalProgress(sys.stderr)  # a line on stderr, on a terminal only
     try:
         tl = read_inputs(args.inputs, sys.stdin.buffer, check_bundle)
+        # a long stream (gpu/samples.jsonl) is read as it is replayed: its bad line too
+        report = replay_timeline(tl, loaded.ruleset, progress(tl))
     except (BundleError, BundleRefused) as e:
         print(f"moptd replay: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    report = replay_timeline(tl, loaded.ruleset)
+    finally:
+        progress.finish()
     bad = unusable(report.read)
     for entry in bad:
         where = entry.get("at") or entry["input"]

@@ -17,6 +17,7 @@ from rich.text import Text
 from moptd.cli.explain_facts import deciding_events
 from moptd.cli.explain_order import Incident
 from moptd.diagnose.engine import fmt
+from moptd.diagnose.replay import UNCONFIRMED
 from moptd.proc.pci import pci_key
 
 SEVERITY_STYLE = {
@@ -219,6 +220,9 @@ def incident_block(
     since = f.get("first_seen") or f.get("pending_since")
     if f.get("resolved_at"):
         title.append(f" · resolved {when(f['resolved_at'])}, firing from {when(since)}")
+    elif f.get("state") == "unconfirmed":
+        seen = f" at {when(since)}" if _known_time(since) else ""
+        title.append(f" · unconfirmed{seen}: {f.get('note') or UNCONFIRMED}")
     elif _known_time(since):
         title.append(f" · {f.get('state', 'firing')} since {when(since)}")
         title.append(f" ({ago(since, now)})", style="dim")
@@ -286,12 +290,15 @@ def header(
     n = len(findings)
     by_sev = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITY_STYLE}
     firing = sum(1 for f in findings if f.get("state", "firing") == "firing")
+    unconfirmed = sum(1 for f in findings if f.get("state") == "unconfirmed")
     line = Text(plural(n, "problem"), style="bold")
     line.append(": ")
     line.append(f"{by_sev['critical']} critical", style="bold red" if by_sev["critical"] else "")
     line.append(f", {by_sev['warning']} warning, {by_sev['info']} info")
     if firing != n:
-        line.append(f"; {firing} firing, {n - firing} resolved")
+        line.append(f"; {firing} firing, {n - firing - unconfirmed} resolved")
+        if unconfirmed:
+            line.append(f", {unconfirmed} unconfirmed")
     if len(incidents) != n:
         line.append(f"; in {plural(len(incidents), 'block')} below, causes first")
     if not verbose:

@@ -43,6 +43,14 @@ def read_lines(read: list[dict[str, object]]) -> tuple[list[str], list[str]]:
     return used, unused
 
 
+def _when(f: dict[str, object], key: str) -> str:
+    """A finding's time; an untimed replay's in seconds since what it is relative to."""
+    rel = f.get("relative")
+    if f.get(key) is None and isinstance(rel, dict) and isinstance(rel.get(key), int | float):
+        return f"{rel[key]:.3f} s"
+    return _time(f.get(key))
+
+
 def render_replay(
     report: ReplayReport, console: Console | None = None, *, verbose: bool = False
 ) -> None:
@@ -65,6 +73,8 @@ def render_replay(
     out.print(
         f"{report.steps} steps; missing evidence: {', '.join(report.missing_evidence) or 'none'}"
     )
+    if report.untimed:
+        out.print(report.time_note())
     if not report.findings and not used:
         # never a green all-clear over nothing
         out.print(Text("No findings: nothing could be read.", style="bold yellow"))
@@ -83,9 +93,14 @@ def render_replay(
         )
         tree = Tree(label)
         tree.add(str(f["summary"]))
-        span = f"firing {_time(f['first_seen'])} .. {_time(f['last_seen'])}"
-        if f.get("resolved_at") is not None:
-            span += f", resolved {_time(f['resolved_at'])}"
+        state = "unconfirmed" if f.get("state") == "unconfirmed" else "firing"
+        span = f"{state} {_when(f, 'first_seen')} .. {_when(f, 'last_seen')}"
+        if f.get("untimed"):
+            span = f"{state} on lines without a time of their own"
+        if f.get("note"):
+            span += f" ({f['note']})"
+        if _when(f, "resolved_at") != "?":
+            span += f", resolved {_when(f, 'resolved_at')}"
         tree.add(span)
         tree.add(f"rule {f['rule']}, path: {' > '.join(map(str, f['path']))}")  # type: ignore[call-overload]
         evidence = f.get("evidence") or {}

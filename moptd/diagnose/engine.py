@@ -14,7 +14,7 @@ the other rules and subjects run as usual, so one bad rule never switches the di
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -136,6 +136,7 @@ def evaluate(
     missing: frozenset[str] = frozenset(),
     traced: Callable[[str, str], bool] | None = None,
     reuse: Reuse | None = None,
+    evidence_at: Mapping[str, float] | None = None,
 ) -> list[Result]:
     """Every enabled rule on every subject of its scope. A match carries its decision path
     (res.steps); so does a result for which `traced(rule id, subject)` is true (a finding
@@ -143,7 +144,8 @@ def evaluate(
     condition of every rule on every tick cost a third of the tick, and only `explain`
     and the findings read it. With `reuse`, an untraced result whose reads all return what
     they returned in the last pass is that pass's result (see Reuse); the results are the
-    same as without."""
+    same as without. `evidence_at` (replay) reads each namespace's series as of its newest
+    evidence (moptd.diagnose.expr.Env)."""
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
@@ -156,7 +158,7 @@ def evaluate(
         scope_envs = envs.get(rule.scope)
         if scope_envs is None:
             scope_envs = envs[rule.scope] = [
-                Env(store, subject, now, pci, missing, memo=memo)
+                Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
                 for subject, pci in subjects_for(rule.scope, store)
             ]
         for env in scope_envs:

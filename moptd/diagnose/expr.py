@@ -102,6 +102,10 @@ class Env:
     memo: dict[tuple[object, ...], object] | None = None
     # Every read an evaluation makes, with what it returned (the engine's Reuse).
     reads: list[tuple[Compiled, object]] | None = None
+    # Replay only: namespace -> time of its newest evidence. A series of that namespace is
+    # read as of then, so a snapshot holds until newer evidence of its kind (a dump mixed
+    # with a log from later). None (the daemon): every series is read as of ``now``.
+    evidence_at: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,6 +631,9 @@ class Compiler:
 
         def one(env: Env, series: Series) -> float | None:
             now = env.now
+            held = env.evidence_at
+            if held is not None:
+                now = min(now, held.get(namespace, now))
             if point_read:
                 if series.last_seen < now - env.stale_after:
                     return None

@@ -12,12 +12,16 @@ opens a finding of moptd's own instead: RULE_EVALUATION_FAILED on ``node``, one 
 rule, keyed ``rule-evaluation:<rule id>`` (no rule id holds a colon). It fires at once and
 resolves on the first evaluation in which the rule raises nowhere (flap damping holds one
 that keeps coming back, as it holds any finding).
+
+Replay may pass ``evidence_until``: the time of the newest evidence a match rests on. A
+``for:`` is then counted up to that time, not the clock's: a snapshot held over until
+newer evidence of its kind comes says nothing about how long its state lasted.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from moptd.diagnose.codes import CODES
@@ -45,7 +49,12 @@ class Lifecycle:
         self.history: deque[Finding] = deque(maxlen=history)  # resolved findings
         self._fires: dict[Key, deque[float]] = {}
 
-    def update(self, results: Iterable[Result], now: float) -> list[Transition]:
+    def update(
+        self,
+        results: Iterable[Result],
+        now: float,
+        evidence_until: Callable[[Result], float] | None = None,
+    ) -> list[Transition]:
         out: list[Transition] = []
         seen: set[Key] = set()
         failing: dict[str, list[Result]] = {}
@@ -54,7 +63,8 @@ class Lifecycle:
             seen.add(key)
             f = self.findings.get(key)
             if res.status == "match":
-                out.extend(self._holds(key, f, res, now))
+                held = None if evidence_until is None else min(now, evidence_until(res))
+                out.extend(self._holds(key, f, res, now, held))
             elif res.status == "ok" and f is not None:
                 out.extend(self._clears(key, f, res.rule.keep_firing_for, now))
             elif res.status == "error":
@@ -87,7 +97,10 @@ class Lifecycle:
             if k[0] not in keep and k[0].removeprefix(FAILED_PREFIX) not in keep
         ]
 
-    def _holds(self, key: Key, f: Finding | None, res: Result, now: float) -> list[Transition]:
+    def _holds(
+        self, key: Key, f: Finding | None, res: Result, now: float, held: float | None = None
+    ) -> list[Transition]:
+        """`held`: the condition is known to hold up to then (replay; the clock's now live)."""
         v = res.verdict
         assert v is not None
         out = []
@@ -102,7 +115,10 @@ class Lifecycle:
         f.path = list(res.path)
         f.actions = list(res.actions)
         f.runbook = v.runbook
-        if f.state == "pending" and now - f.pending_since >= res.rule.for_:
+        # held before pending_since: the match rests on evidence older than the step it
+        # first showed at (a snapshot held over): it has held for no time we know of
+        elapsed = now - f.pending_since if held is None else max(0.0, held - f.pending_since)
+        if f.state == "pending" and elapsed >= res.rule.for_:
             f.state = "firing"
             f.first_seen = now
             fires = self._fires.setdefault(key, deque(maxlen=self.damping.flap_threshold))

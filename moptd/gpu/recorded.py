@@ -39,13 +39,15 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from moptd.gpu.backend import GPM_METRICS, NvmlBackend
 from moptd.gpu.batch import add_fast, add_profile, add_slow, gpu_batch
@@ -133,7 +135,7 @@ def parse_recording(lines: Sequence[str], path: Path | str = "<recording>") -> R
 
 
 def _objects(
-    lines: Sequence[str], path: Path | str, not_object: str
+    lines: Iterable[str], path: Path | str, not_object: str
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of each non-blank JSON line; RecordingError names the line."""
     for lineno, line in enumerate(lines, 1):
@@ -658,24 +660,114 @@ def _unidentified_batch(
 def _rows(lines: Sequence[str], path: Path) -> Recording:
     """gpu/samples.jsonl rows -> a Recording of fast (and PCIe/process slow) entries."""
     rec = Recording(source=str(path))
-    for lineno, s in _objects(lines, path, "each line is a JSON object"):
-        t = s.get("t")
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
-            raise RecordingError(path, lineno, "t: Unix seconds expected")
-        gpu = s.get("gpu", 0)
-        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
-            raise RecordingError(path, lineno, "gpu: a GPU index expected")
-        try:
-            fast = _sample_fast(s)
-            procs = _sample_procs(s)
-            pcie = _number(s, "pcie_gen")
-        except ValueError as exc:
-            raise RecordingError(path, lineno, str(exc)) from None
-        rec.entries.append(
-            Entry(float(t), gpu, "slow", SlowReading(pcie_link_gen=pcie, processes=procs))
-        )
-        rec.entries.append(Entry(float(t), gpu, "fast", fast))
+    for lineno, s in _objects(lines, path, _NOT_A_ROW):
+        t, gpu, fast, slow = _row(s, lineno, path)
+        rec.entries.append(Entry(t, gpu, "slow", slow))
+        rec.entries.append(Entry(t, gpu, "fast", fast))
     return rec
+
+
+_NOT_A_ROW = "each line is a JSON object"
+
+
+def _row(s: dict[str, Any], lineno: int, path: Path) -> tuple[float, int, FastReading, SlowReading]:
+    """One row: (t, gpu, its fast reading, its PCIe/process slow reading)."""
+    t = s.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        raise RecordingError(path, lineno, "t: Unix seconds expected")
+    gpu = s.get("gpu", 0)
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+        raise RecordingError(path, lineno, "gpu: a GPU index expected")
+    try:
+        fast = _sample_fast(s)
+        procs = _sample_procs(s)
+        pcie = _number(s, "pcie_gen")
+    except ValueError as exc:
+        raise RecordingError(path, lineno, str(exc)) from None
+    return float(t), gpu, fast, SlowReading(pcie_link_gen=pcie, processes=procs)
+
+
+class SampleRows:
+    """A bundle's gpu/samples.jsonl of plain rows in time order, read as it is replayed:
+    each iteration reads the file again, row by row, into the batches ``read_samples``
+    would give (a 24-hour file held whole took most of a replay's memory). The file stays
+    open (a bundle unpacked from a tarball is deleted once read) until this is collected.
+    A bad row raises RecordingError, naming its line, when the iteration reaches it."""
+
+    def __init__(self, path: Path, fh: BinaryIO, first: float, last: float, rows: int) -> None:
+        self.path = path
+        self.first = first
+        self.last = last
+        self.rows = rows
+        self._file = fh
+        weakref.finalize(self, fh.close)
+
+    def __iter__(self) -> Iterator[tuple[float, Batch]]:
+        self._file.seek(0)
+        reuse: dict[int, dict[str, Sample]] = {}  # as read_samples: one cache per GPU
+        for lineno, s in _objects(_decoded(self._file, self.path), self.path, _NOT_A_ROW):
+            t, gpu, fast, slow = _row(s, lineno, self.path)
+            yield t, _unidentified_batch(gpu, fast, slow, reuse.setdefault(gpu, {}))
+
+
+def _decoded(fh: BinaryIO, path: Path) -> Iterator[str]:
+    for lineno, raw in enumerate(fh, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordingError(path, lineno, f"cannot read: {exc}") from None
+
+
+# The time as sample_row writes it, first: {"t": 1795969286.868, ...
+_T_FIRST = re.compile(
+    r'[ \t]*\{[ \t]*"t"[ \t]*:[ \t]*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)[ \t]*[,}]'
+)
+
+
+def _leading_t(text: str) -> float | None:
+    """A row's time without parsing the row, where the line opens with it and names "t"
+    nowhere else (json would take the last of two); None: parse the line."""
+    m = _T_FIRST.match(text)
+    if m is None or text.count('"t"') != 1:
+        return None
+    return float(m.group(1))
+
+
+def open_rows(path: Path) -> SampleRows | None:
+    """The file as SampleRows when it holds plain rows whose times never go back; None
+    for anything else (a recording, rows out of order, a line that is no row): those are
+    for ``read_samples``, which reads the whole file, sorts it and names a bad line. This
+    pass reads only each row's time."""
+    fh = path.open("rb")
+    first = last = math.nan
+    rows = 0
+    try:
+        for raw in fh:
+            text = raw.decode("utf-8")
+            if not text.strip():
+                continue
+            if len(text.splitlines()) != 1:  # a separator str.splitlines takes, not \n
+                break
+            t = _leading_t(text)
+            if t is None:  # not what moptd record writes: the whole line, as json reads it
+                obj = json.loads(text)
+                if not isinstance(obj, dict) or "format" in obj:
+                    break
+                t = obj.get("t")
+                if isinstance(t, bool) or not isinstance(t, int | float):
+                    break
+            if not t > 0 or not math.isfinite(t) or (rows and t < last):
+                break
+            first = t if not rows else first
+            last = float(t)
+            rows += 1
+        else:
+            if rows:
+                return SampleRows(path, fh, float(first), last, rows)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        pass  # read_samples names the line
+    fh.close()
+    return None
 
 
 # --- recording the live backend ----------------------------------------------------
