@@ -51,7 +51,7 @@ def test_one_dump_at_x8_of_x16_is_reported_unconfirmed() -> None:
 
 
 def test_explain_bundle_keeps_the_unconfirmed_state() -> None:
-    view = bundle_view(X8)
+    view = bundle_view([str(X8)])
     assert view is not None
     [f] = [f for f in view["findings"] if f["code"] == "PCIE_LINK_DEGRADED"]
     assert f["state"] == "unconfirmed"
