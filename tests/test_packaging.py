@@ -241,6 +241,8 @@ def test_the_shipped_rules_check_and_pass_their_tests(installed: Installed) -> N
     checked = installed.run("moptd", "rules", "check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     tested = installed.run("moptd", "rules", "test", timeout=300)
+    # A rule test that names a bundle outside tests/fixtures/scenarios fails here: ship its
+    # folder too ([tool.hatch.build.targets.wheel.force-include] and DATA above).
     assert tested.returncode == 0, tested.stdout[-4000:] + tested.stderr[-4000:]
     # the same number of rule test files as the source tree has
     files = len(list((REPO / "rules").rglob("*.test.yaml")))
