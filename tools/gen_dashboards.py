@@ -101,6 +101,46 @@ def per_gpu(title: str, metric_expr: str, unit: str, description: str, **kw: Any
     )
 
 
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def quantile_of(q: float, histogram: str, selector: str, by: str) -> str:
+    """A quantile of the engines' own histograms, aggregated by le: the way to combine
+    latency across endpoints and hosts that pre-computed quantiles cannot."""
+    inner = f"rate({histogram}_bucket{{{selector}}}[{RATE}])"
+    return f"histogram_quantile({q:g}, sum by ({by}) ({inner}))"
+
+
+def latency(title: str, histogram: str, description: str) -> Panel:
+    """One serving latency histogram on the serving dashboard: p50, p90, p99 per endpoint."""
+    return Panel(
+        title,
+        tuple(
+            q(quantile_of(x, histogram, SSEL, "le, serving"), f"{{{{serving}}}} p{x * 100:g}")
+            for x in QUANTILES
+        ),
+        unit="s",
+        needs="serving",
+        description=description
+        + " Quantiles of the engine's histogram over the rate interval, no data while idle.",
+    )
+
+
+def fleet_latency(title: str, histogram: str) -> Panel:
+    """One serving latency histogram over every host and endpoint of the job."""
+    return Panel(
+        title,
+        tuple(
+            q(quantile_of(x, histogram, 'job=~"$job"', "le"), f"p{x * 100:g}") for x in QUANTILES
+        ),
+        unit="s",
+        needs="serving",
+        width=6,
+        description="Every serving endpoint of every host, aggregated by bucket bound (le) "
+        "before the quantile.",
+    )
+
+
 def serving_gpu(expr: str) -> str:
     """A per-GPU expression restricted to the GPUs the selected serving endpoints use."""
     return f"{expr} * on (instance, gpu) group_left (serving) moptd_serving_gpu_info{{{SSEL}}}"
@@ -205,6 +245,15 @@ FLEET = Dashboard(
                     width=24,
                     needs="incident",
                 ),
+            ),
+        ),
+        Row(
+            "Serving latency, all hosts",
+            (
+                fleet_latency("Time to first token", "moptd_serving_time_to_first_token_seconds"),
+                fleet_latency("Inter-token latency", "moptd_serving_inter_token_latency_seconds"),
+                fleet_latency("Queue time", "moptd_serving_request_queue_time_seconds"),
+                fleet_latency("End-to-end latency", "moptd_serving_e2e_request_latency_seconds"),
             ),
         ),
         Row(
@@ -784,44 +833,25 @@ SERVING = Dashboard(
         Row(
             "Latency",
             (
-                Panel(
+                latency(
                     "Time to first token",
-                    (q(f"moptd_serving_ttft_seconds{{{SSEL}}}", "{{serving}} p{{quantile}}"),),
-                    unit="s",
-                    needs="serving",
+                    "moptd_serving_time_to_first_token_seconds",
+                    "From the request's arrival to its first output token.",
                 ),
-                Panel(
+                latency(
                     "Inter-token latency",
-                    (
-                        q(
-                            f"moptd_serving_inter_token_latency_seconds{{{SSEL}}}",
-                            "{{serving}} p{{quantile}}",
-                        ),
-                    ),
-                    unit="s",
-                    needs="serving",
+                    "moptd_serving_inter_token_latency_seconds",
+                    "Time between two output tokens of a request.",
                 ),
-                Panel(
+                latency(
                     "Queue time",
-                    (
-                        q(
-                            f"moptd_serving_queue_time_seconds{{{SSEL}}}",
-                            "{{serving}} p{{quantile}}",
-                        ),
-                    ),
-                    unit="s",
-                    needs="serving",
+                    "moptd_serving_request_queue_time_seconds",
+                    "Time a request waited before the engine scheduled it: QUEUE_LATENCY_HIGH.",
                 ),
-                Panel(
+                latency(
                     "End-to-end latency",
-                    (
-                        q(
-                            f"moptd_serving_e2e_latency_seconds{{{SSEL}}}",
-                            "{{serving}} p{{quantile}}",
-                        ),
-                    ),
-                    unit="s",
-                    needs="serving",
+                    "moptd_serving_e2e_request_latency_seconds",
+                    "From the request's arrival to its last token.",
                 ),
             ),
         ),
@@ -1256,6 +1286,18 @@ def panel_queries(dashboards: Iterable[Dashboard] = DASHBOARDS) -> list[tuple[st
     ]
 
 
+HISTOGRAM_SERIES = re.compile(r"(.+)_(bucket|count|sum)$")
+
+
+def declared(metric: str, catalog: Mapping[str, object]) -> bool:
+    """Whether a scrape may carry ``metric``: a declared name, or a histogram's
+    _bucket/_count/_sum series."""
+    if metric in catalog:
+        return True
+    m = HISTOGRAM_SERIES.match(metric)
+    return m is not None and getattr(catalog.get(m.group(1)), "kind", None) == "histogram"
+
+
 def unknown_metrics(dashboards: Iterable[Dashboard], catalog: Mapping[str, object]) -> list[str]:
     """Problems, each naming the dashboard, the panel and the metric the catalog lacks."""
     problems = []
@@ -1263,14 +1305,14 @@ def unknown_metrics(dashboards: Iterable[Dashboard], catalog: Mapping[str, objec
         if panel.needs is not None and panel.needs not in NEEDS:
             problems.append(f"{uid}: panel {panel.title!r}: unknown needs {panel.needs!r}")
         for metric in METRIC.findall(query.expr):
-            if metric not in catalog:
+            if not declared(metric, catalog):
                 problems.append(
                     f"{uid}: panel {panel.title!r} queries {metric}, which the metric "
                     "catalog does not declare"
                 )
     for uid, expr in annotation_queries(dashboards):
         for metric in METRIC.findall(expr):
-            if metric not in catalog:
+            if not declared(metric, catalog):
                 problems.append(f"{uid}: the findings annotation queries unknown {metric}")
     return problems
 
@@ -1287,7 +1329,7 @@ def unknown_metrics_in_files(directory: Path, catalog: Mapping[str, object]) -> 
         for panel in doc.get("panels", []):
             for target in panel.get("targets", []):
                 for metric in METRIC.findall(str(target.get("expr", ""))):
-                    if metric not in catalog:
+                    if not declared(metric, catalog):
                         problems.append(
                             f"{path.name}: panel {panel.get('title')!r} queries {metric}, "
                             "which the metric catalog does not declare"

@@ -52,6 +52,12 @@ def metrics_doc() -> str:
         "that sends `Accept-Encoding: gzip` (Prometheus does) gets a gzip body, compressed once",
         "per collection like the text itself (about 6 KB for the 28 KB of one 8-GPU host).",
         "",
+        "A *histogram* is the serving engine's own: its `_bucket{le}` series, `_sum` and",
+        "`_count` are the engine's cumulative values passed through (summed over data-parallel",
+        "ranks), so they reset when the engine restarts, as Prometheus expects of counters.",
+        "Aggregate it across hosts with",
+        "`histogram_quantile(0.99, sum by (le) (rate(X_bucket[$__rate_interval])))`.",
+        "",
     ]
     groups: dict[str, list[Any]] = {}
     for spec in CATALOG.values():
@@ -67,7 +73,8 @@ def metrics_doc() -> str:
                 "|---|---|---|---|---|---|",
             ]
             for s in sorted(exported, key=lambda s: s.metric):
-                labels = ", ".join([*SUBJECT_LABELS.get(s.subject, ()), *s.labels]) or "-"
+                le = ("le",) if s.kind == "histogram" else ()  # _bucket's; _sum/_count lack it
+                labels = ", ".join([*SUBJECT_LABELS.get(s.subject, ()), *s.labels, *le]) or "-"
                 kind = "gauge" if s.kind == "info" else s.kind
                 help_text = s.help.replace("|", "\\|")
                 out.append(

@@ -8,9 +8,26 @@ declares its signals in its own module; ``CATALOG`` gathers them.
 from __future__ import annotations
 
 from moptd.catalog import daemon, gpu, host, kernel, serving
-from moptd.catalog.spec import UNITS, Catalog, Kind, SignalSpec, SubjectKind
+from moptd.catalog.spec import (
+    BUCKET_LABEL,
+    HISTOGRAM_SUM,
+    UNITS,
+    Catalog,
+    Kind,
+    SignalSpec,
+    SubjectKind,
+)
 
-__all__ = ["CATALOG", "UNITS", "Catalog", "Kind", "SignalSpec", "SubjectKind"]
+__all__ = [
+    "BUCKET_LABEL",
+    "CATALOG",
+    "HISTOGRAM_SUM",
+    "UNITS",
+    "Catalog",
+    "Kind",
+    "SignalSpec",
+    "SubjectKind",
+]
 
 # One module per domain; a new domain is a module with SIGNALS and one entry here.
 CATALOG = Catalog([*daemon.SIGNALS, *gpu.SIGNALS, *host.SIGNALS, *kernel.SIGNALS, *serving.SIGNALS])

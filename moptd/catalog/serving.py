@@ -11,7 +11,7 @@ from moptd.catalog.spec import SignalSpec
 
 
 def _s(
-    name: str, kind: str, unit: str, help: str, metric: str, labels: tuple[str, ...] = ()
+    name: str, kind: str, unit: str, help: str, metric: str | None, labels: tuple[str, ...] = ()
 ) -> SignalSpec:
     return SignalSpec(f"serving.{name}", kind, unit, help, "serving", metric, labels)  # type: ignore[arg-type]
 
@@ -78,27 +78,30 @@ SIGNALS = [
         "ttft",
         "gauge",
         "seconds",
-        "Time to first token over the last window, by quantile (0.5, 0.9, 0.99), from "
-        "vllm:time_to_first_token_seconds.",
-        "moptd_serving_ttft_seconds",
+        "Time to first token over the collector's quantile window, by quantile (0.5, 0.9, "
+        "0.99), from vllm:time_to_first_token_seconds. For rules and explain; Prometheus gets "
+        "the histogram (serving.time_to_first_token).",
+        None,
         ("quantile",),
     ),
     _s(
         "queue_time",
         "gauge",
         "seconds",
-        "Time requests spent queued over the last window, by quantile (0.5, 0.9, 0.99), "
-        "from vllm:request_queue_time_seconds.",
-        "moptd_serving_queue_time_seconds",
+        "Time requests spent queued over the collector's quantile window, by quantile (0.5, "
+        "0.9, 0.99), from vllm:request_queue_time_seconds. For rules and explain; Prometheus "
+        "gets the histogram (serving.request_queue_time).",
+        None,
         ("quantile",),
     ),
     _s(
         "e2e_latency",
         "gauge",
         "seconds",
-        "End-to-end request latency over the last window, by quantile (0.5, 0.9, 0.99), "
-        "from vllm:e2e_request_latency_seconds.",
-        "moptd_serving_e2e_latency_seconds",
+        "End-to-end request latency over the collector's quantile window, by quantile (0.5, "
+        "0.9, 0.99), from vllm:e2e_request_latency_seconds. For rules and explain; Prometheus "
+        "gets the histogram (serving.e2e_request_latency).",
+        None,
         ("quantile",),
     ),
     _s(
@@ -117,6 +120,52 @@ SIGNALS = [
         "to put them next to the serving endpoint.",
         "moptd_serving_gpu_info",
         ("gpu",),
+    ),
+]
+
+
+def _h(name: str, what: str, sources: str, metric: str) -> SignalSpec:
+    return _s(
+        name,
+        "histogram",
+        "seconds",
+        f"{what}: the engine's own cumulative histogram, its buckets passed through (summed "
+        f"over data-parallel ranks), from {sources}. Resets when the engine restarts; "
+        "aggregate with histogram_quantile(q, sum by (le) (rate(..._bucket[5m]))).",
+        metric,
+    )
+
+
+# The engines' latency histograms as Prometheus histograms, which a fleet can aggregate
+# across hosts (the quantile gauges above cannot be); the vLLM names, moptd_serving_ prefixed.
+SIGNALS += [
+    _h(
+        "time_to_first_token",
+        "Time to first token",
+        "vllm:time_to_first_token_seconds, sglang:time_to_first_token_seconds, "
+        "trtllm_time_to_first_token_seconds",
+        "moptd_serving_time_to_first_token_seconds",
+    ),
+    _h(
+        "inter_token_latency",
+        "Time between two output tokens of a request",
+        "vllm:inter_token_latency_seconds (vllm:time_per_output_token_seconds before 0.15), "
+        "sglang:inter_token_latency_seconds, trtllm_time_per_output_token_seconds",
+        "moptd_serving_inter_token_latency_seconds",
+    ),
+    _h(
+        "request_queue_time",
+        "Time a request waited before the engine scheduled it",
+        "vllm:request_queue_time_seconds, sglang:queue_time_seconds, "
+        "trtllm_request_queue_time_seconds",
+        "moptd_serving_request_queue_time_seconds",
+    ),
+    _h(
+        "e2e_request_latency",
+        "End-to-end request latency",
+        "vllm:e2e_request_latency_seconds, sglang:e2e_request_latency_seconds, "
+        "trtllm_e2e_request_latency_seconds",
+        "moptd_serving_e2e_request_latency_seconds",
     ),
 ]
 
@@ -155,9 +204,11 @@ SIGNALS += [
         "itl",
         "gauge",
         "seconds",
-        "Inter-token latency over the last window, by quantile (0.5, 0.9, 0.99), from "
-        "vllm:inter_token_latency_seconds (vllm:time_per_output_token_seconds before 0.15).",
-        "moptd_serving_inter_token_latency_seconds",
+        "Inter-token latency over the collector's quantile window, by quantile (0.5, 0.9, "
+        "0.99), from vllm:inter_token_latency_seconds (vllm:time_per_output_token_seconds "
+        "before 0.15). For rules and explain; Prometheus gets the histogram "
+        "(serving.inter_token_latency).",
+        None,
         ("quantile",),
     ),
     _s(

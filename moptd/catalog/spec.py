@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["gauge", "counter", "info", "event"]
+Kind = Literal["gauge", "counter", "info", "event", "histogram"]
 SubjectKind = Literal["node", "gpu", "process", "collector", "serving"]
 
 # Units are Prometheus base units; "" for plain numbers and enumerations.
@@ -26,6 +26,16 @@ UNITS = frozenset(
         "count",
     }
 )
+
+
+# A histogram signal's samples, as a collector adds them: one per bucket, labelled ``le`` with
+# its upper bound as prometheus_client writes it ("0.005", "+Inf"), the cumulative count of
+# observations up to it; and one labelled HISTOGRAM_SUM, the sum of the observations. The
+# exposition's _count is the +Inf bucket, as the text format defines it. Labels beginning
+# with "__" are Prometheus's own, so no declared label can collide with this one.
+BUCKET_LABEL = "le"
+HISTOGRAM_SUM: tuple[tuple[str, str], ...] = (("__part__", "sum"),)
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +57,18 @@ class SignalSpec:
             raise ValueError(f"{self.name}: a signal name is <namespace>.<field>")
         if self.kind == "event" and self.metric is not None:
             raise ValueError(f"{self.name}: events are exported through counters, not directly")
+        if self.kind == "histogram" and (BUCKET_LABEL in self.labels or self.metric is None):
+            raise ValueError(f"{self.name}: a histogram is exported and declares no le label")
         if self.metric is not None:
             _check_metric_name(self)
+
+    def series_names(self) -> tuple[str, ...]:
+        """The names this signal's series carry on /metrics."""
+        if self.metric is None:
+            return ()
+        if self.kind == "histogram":
+            return tuple(self.metric + suffix for suffix in HISTOGRAM_SUFFIXES)
+        return (self.metric,)
 
 
 def _check_metric_name(spec: SignalSpec) -> None:
@@ -59,6 +79,8 @@ def _check_metric_name(spec: SignalSpec) -> None:
         raise ValueError(f"{spec.name}: counter metric {m!r} must end in _total")
     if spec.kind != "counter" and m.endswith("_total"):
         raise ValueError(f"{spec.name}: only counters end in _total ({m!r})")
+    if spec.kind == "histogram" and m.endswith(HISTOGRAM_SUFFIXES):
+        raise ValueError(f"{spec.name}: histogram {m!r} is named without _bucket/_count/_sum")
     if spec.kind == "info" and not m.endswith("_info"):
         raise ValueError(f"{spec.name}: info metric {m!r} must end in _info")
     suffix = {
@@ -84,10 +106,13 @@ class Catalog(Mapping[str, SignalSpec]):
         for spec in specs:
             if spec.name in self._by_name:
                 raise ValueError(f"signal {spec.name} declared twice")
-            if spec.metric is not None:
-                if spec.metric in metrics:
-                    raise ValueError(f"metric {spec.metric} declared twice")
-                metrics.add(spec.metric)
+            # a histogram's series names too: moptd_x_seconds_count next to a histogram
+            # moptd_x_seconds would be two families writing one series
+            names = {spec.metric, *spec.series_names()} if spec.metric is not None else set()
+            for name in sorted(names):
+                if name in metrics:
+                    raise ValueError(f"metric {name} declared twice")
+                metrics.add(name)
             self._by_name[spec.name] = spec
 
     def __getitem__(self, name: str) -> SignalSpec:

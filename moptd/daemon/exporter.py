@@ -8,6 +8,7 @@ hangs. Series of departed subjects vanish because the snapshot is rebuilt per pa
 from __future__ import annotations
 
 import gzip
+import math
 import platform
 from collections.abc import Iterator
 
@@ -16,12 +17,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.utils import floatToGoString
 
 from moptd import __version__
-from moptd.catalog import CATALOG, Catalog, SignalSpec
+from moptd.catalog import BUCKET_LABEL, CATALOG, HISTOGRAM_SUM, Catalog, SignalSpec
 from moptd.observations import Labels, subject_id, subject_kind
 from moptd.store import SignalStore, Snapshot
 
@@ -61,8 +63,9 @@ class SnapshotCollector:
 
 
 def render_families(snapshot: Snapshot, catalog: Catalog = CATALOG) -> list[Metric]:
-    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    families: dict[str, Metric] = {}
     label_names: dict[str, list[str]] = {}
+    histograms: dict[str, dict[tuple[str, ...], _HistogramSeries]] = {}
     for sample in snapshot.samples:
         spec = catalog.get(sample.signal)
         if spec is None or spec.metric is None or sample.value is None:
@@ -76,19 +79,67 @@ def render_families(snapshot: Snapshot, catalog: Catalog = CATALOG) -> list[Metr
             names = [*SUBJECT_LABELS.get(spec.subject, ()), *spec.labels]
             fam = families[spec.metric] = _family(spec, names)
             label_names[spec.metric] = names
-        fam.add_metric([labels.get(n, "") for n in label_names[spec.metric]], sample.value)
+        values = [labels.get(n, "") for n in label_names[spec.metric]]
+        if isinstance(fam, HistogramMetricFamily):
+            series = histograms.setdefault(spec.metric, {}).setdefault(
+                tuple(values), _HistogramSeries()
+            )
+            series.add(sample.labels, sample.value)
+        elif isinstance(fam, GaugeMetricFamily | CounterMetricFamily):
+            fam.add_metric(values, sample.value)
+    for metric, by_series in histograms.items():
+        hist = families[metric]
+        assert isinstance(hist, HistogramMetricFamily)
+        for values_key, series in by_series.items():
+            if series.buckets:
+                hist.add_metric(list(values_key), series.sorted_buckets(), series.sum)
     build = catalog.get("node.build")
     if build is not None and build.metric is not None:
-        fam = _family(build, ["version", "python"])
-        fam.add_metric([__version__, platform.python_version()], 1.0)
-        families[build.metric] = fam
+        info = _family(build, ["version", "python"])
+        assert isinstance(info, GaugeMetricFamily)
+        info.add_metric([__version__, platform.python_version()], 1.0)
+        families[build.metric] = info
     return [families[k] for k in sorted(families)]
 
 
-def _family(spec: SignalSpec, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+class _HistogramSeries:
+    """One series of a histogram signal, gathered from its samples: the buckets (le as
+    written) and the sum, None until its sample comes."""
+
+    __slots__ = ("buckets", "sum")
+
+    def __init__(self) -> None:
+        self.buckets: list[tuple[str, float]] = []
+        self.sum: float | None = None
+
+    def add(self, labels: Labels, value: float) -> None:
+        if labels == HISTOGRAM_SUM:
+            self.sum = value
+            return
+        le = next((v for k, v in labels if k == BUCKET_LABEL), None)
+        if le is not None:
+            self.buckets.append((le, value))
+
+    def sorted_buckets(self) -> list[tuple[str, float]]:
+        # +Inf last and every bound in order: what the exposition format requires
+        return sorted(self.buckets, key=lambda b: _bound(b[0]))
+
+
+def _bound(le: str) -> float:
+    try:
+        return float(le)
+    except ValueError:  # not written by moptd's collectors; sorts last rather than fail
+        return math.inf
+
+
+def _family(
+    spec: SignalSpec, labels: list[str]
+) -> GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily:
     assert spec.metric is not None
     if spec.kind == "counter":
         return CounterMetricFamily(spec.metric, spec.help, labels=labels)
+    if spec.kind == "histogram":
+        return HistogramMetricFamily(spec.metric, spec.help, labels=labels)
     return GaugeMetricFamily(spec.metric, spec.help, labels=labels)
 
 
@@ -129,6 +180,7 @@ class TextRenderer:
             self._prefix.clear()
         families: dict[str, list[str]] = {}
         subject_parts: dict[str, tuple[tuple[str, str], ...]] = {}
+        histograms: dict[str, dict[tuple[Labels, Labels], _HistogramSeries]] = {}
         for sample in snapshot.samples:
             value = sample.value
             if value is None or isinstance(value, str):
@@ -140,35 +192,91 @@ class TextRenderer:
             if subj is None:
                 subj = tuple(subject_labels(sample.subject, snapshot.attrs).items())
                 subject_parts[sample.subject] = subj
-            key = (spec.metric, subj, sample.labels)
-            prefix = self._prefix.get(key)
-            if prefix is None:
-                prefix = self._prefix[key] = self._series_prefix(spec, dict(subj), sample.labels)
             lines = families.get(spec.metric)
             if lines is None:
                 lines = families[spec.metric] = []
+            if spec.kind == "histogram":
+                rest = tuple(
+                    kv for kv in sample.labels if kv[0] != BUCKET_LABEL and kv not in HISTOGRAM_SUM
+                )
+                by_series = histograms.setdefault(spec.metric, {})
+                series = by_series.get((subj, rest))
+                if series is None:
+                    series = by_series[(subj, rest)] = _HistogramSeries()
+                series.add(sample.labels, value)
+                continue
+            key = (spec.metric, subj, sample.labels)
+            prefix = self._prefix.get(key)
+            if prefix is None:
+                prefix = self._prefix[key] = self._series_prefix(
+                    spec.metric, self._label_names(spec), dict(subj), sample.labels
+                )
             lines.append(prefix + _go_float(value) + "\n")
+        for metric, by_series in histograms.items():
+            spec = self.catalog.by_metric_name(metric)
+            for (subj, rest), series in by_series.items():
+                self._histogram_lines(families[metric], spec, subj, rest, series)
         build = self.catalog.get("node.build")
         if build is not None and build.metric is not None:
             families[build.metric] = [self._build]
         out: list[str] = []
         for metric in sorted(families):
             spec = self.catalog.by_metric_name(metric)
-            kind = "counter" if spec.kind == "counter" else "gauge"
+            kind = spec.kind if spec.kind in ("counter", "histogram") else "gauge"
             out.append(f"# HELP {metric} {_escape_help(spec.help)}\n# TYPE {metric} {kind}\n")
             out.extend(families[metric])
         return "".join(out).encode()
 
+    def _histogram_lines(
+        self,
+        lines: list[str],
+        spec: SignalSpec,
+        subj: Labels,
+        rest: Labels,
+        series: _HistogramSeries,
+    ) -> None:
+        """What HistogramMetricFamily.add_metric writes: the buckets in order, then _count
+        (the last bucket's value) and _sum, both left out without a sum or when the first
+        bound is negative."""
+        buckets = series.sorted_buckets()
+        if not buckets:
+            return
+        assert spec.metric is not None
+        names = self._label_names(spec)
+        for le, value in buckets:
+            labels = (*rest, (BUCKET_LABEL, le))
+            key = (spec.metric + "_bucket", subj, labels)
+            prefix = self._prefix.get(key)
+            if prefix is None:
+                prefix = self._prefix[key] = self._series_prefix(
+                    key[0], [*names, BUCKET_LABEL], dict(subj), labels
+                )
+            lines.append(prefix + _go_float(value) + "\n")
+        if series.sum is None or _bound(buckets[0][0]) < 0:
+            return
+        for suffix, value in (("_count", buckets[-1][1]), ("_sum", series.sum)):
+            key = (spec.metric + suffix, subj, rest)
+            prefix = self._prefix.get(key)
+            if prefix is None:
+                prefix = self._prefix[key] = self._series_prefix(key[0], names, dict(subj), rest)
+            lines.append(prefix + _go_float(value) + "\n")
+
     @staticmethod
-    def _series_prefix(spec: SignalSpec, subject: dict[str, str], extra: Labels) -> str:
+    def _label_names(spec: SignalSpec) -> list[str]:
+        return [*SUBJECT_LABELS.get(spec.subject, ()), *spec.labels]
+
+    @staticmethod
+    def _series_prefix(
+        name: str, label_names: list[str], subject: dict[str, str], extra: Labels
+    ) -> str:
         values = dict(subject)
         values.update(extra)
         # prometheus_client writes label names sorted; so do we, to stay byte-identical
-        names = sorted([*SUBJECT_LABELS.get(spec.subject, ()), *spec.labels])
+        names = sorted(label_names)
         if not names:
-            return f"{spec.metric} "
+            return f"{name} "
         inner = ",".join(f'{n}="{_escape_label(values.get(n, ""))}"' for n in names)
-        return f"{spec.metric}{{{inner}}} "
+        return f"{name}{{{inner}}} "
 
 
 class MetricsEndpoint:

@@ -7,8 +7,12 @@ same samples.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 
+from prometheus_client.utils import floatToGoString
+
+from moptd.catalog import BUCKET_LABEL, HISTOGRAM_SUM
 from moptd.observations import Batch, labels_of
 from moptd.serving.engines import HISTOGRAMS, EngineView
 from moptd.serving.histogram import Histogram
@@ -20,6 +24,13 @@ HIST_SIGNALS = {
     "itl": "serving.itl",
     "e2e": "serving.e2e_latency",
     "queue_time": "serving.queue_time",
+}
+# The same histograms exported whole, cumulative as the page has them.
+HIST_EXPORTED = {
+    "ttft": "serving.time_to_first_token",
+    "itl": "serving.inter_token_latency",
+    "e2e": "serving.e2e_request_latency",
+    "queue_time": "serving.request_queue_time",
 }
 SCALAR_SIGNALS = (
     ("running", "serving.requests_running"),
@@ -78,6 +89,27 @@ def fill_view(
             value = h.quantile(q)
             if value is not None:
                 b.add(HIST_SIGNALS[name], subject, value, labels_of(quantile=f"{q:g}"))
+    for name in HISTOGRAMS:
+        cumulative = view.histograms.get(name)
+        if cumulative is not None and cumulative.buckets:
+            add_histogram(b, HIST_EXPORTED[name], subject, cumulative)
+
+
+def add_histogram(b: Batch, signal: str, subject: str, h: Histogram) -> None:
+    """A cumulative histogram as the samples of a histogram signal (moptd/catalog/spec.py):
+    one per bucket, le written as prometheus_client writes it, and the sum. A page without
+    the +Inf bucket gets it from _count, which the text format defines as equal to it."""
+    buckets = dict(h.buckets)
+    if math.inf not in buckets:
+        buckets[math.inf] = h.count
+    for le in sorted(buckets):
+        b.add(signal, subject, buckets[le], ((BUCKET_LABEL, _le(le)),))
+    b.add(signal, subject, h.sum, HISTOGRAM_SUM)
+
+
+def _le(bound: float) -> str:
+    text: str = floatToGoString(bound)  # type: ignore[no-untyped-call]
+    return text
 
 
 def fill_from_log(b: Batch, subject: str, st: LogState) -> None:

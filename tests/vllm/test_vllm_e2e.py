@@ -132,6 +132,14 @@ async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> N
         await h.collect()
         assert (h.last("serving.engine_steps") or 0) > 0
         assert h.last("serving.queue_time", (("quantile", "0.99"),)) is not None
+        # the engine's own histograms, passed through whole: every request of the load is in
+        inf = (("le", "+Inf"),)
+        ttft_count = h.last("serving.time_to_first_token", inf)
+        assert ttft_count is not None
+        assert ttft_count >= 40
+        e2e_before = h.last("serving.e2e_request_latency", inf)
+        assert e2e_before is not None
+        assert e2e_before >= 40
 
         # --- SIGSTOP the engine core under load: health stays 200, nothing moves ---
         # 200 requests (about 40 s of work here): still in flight when the engine stops
@@ -184,6 +192,10 @@ async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> N
         assert await group_gone(pgid), f"the killed server left {group_pids(pgid)}"
         await wait_for(h, "ready again", lambda: h.last("serving.healthy") == 1.0, READY_S)
         assert h.last("serving.restarts") == 1.0
+        # a new engine counts from 0: the histogram resets, as Prometheus expects of counters
+        e2e_after = h.last("serving.e2e_request_latency", inf)
+        assert e2e_after is not None
+        assert e2e_after < e2e_before
         print(f"detection latency: {latency}")
         out = os.environ.get("MOPTD_BENCH_OUT")
         if out:
