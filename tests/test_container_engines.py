@@ -1,0 +1,494 @@
+"""Container engines asked, not guessed: a daemon that answers on its socket counts, a CLI
+alone does not; containerd's config with its imports and CRI-O's drop-ins are read as the
+engines read them. The configs are those nvidia-ctk and NVIDIA's docs write
+(tests/fixtures/container-paste/SOURCE.md); the dockerd test runs Debian's real dockerd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moptd.clock import VirtualClock
+from moptd.collector import CollectorContext
+from moptd.collectors.container import ContainerCollector
+from moptd.collectors.container_config import (
+    ConfigError,
+    parse_engine_info,
+    read_containerd_config,
+    read_crio_config,
+)
+from moptd.diagnose.engine import evaluate
+from moptd.diagnose.loader import load_rules
+from moptd.observations import Batch
+from moptd.proc import engine_socket
+from moptd.store import SignalStore
+from tests.conftest import require_tool
+
+PASTE = Path(__file__).parent / "fixtures/container-paste"
+H200 = Path(__file__).parent / "fixtures/h200"
+RULES = Path(__file__).parent.parent / "rules/container/container.rules.yaml"
+
+
+def _ctx(tmp_path: Path, etc: Path, **options: object) -> CollectorContext:
+    """A context reading /etc from ``etc``, with no engine socket and no tools."""
+    proc = tmp_path / "proc"
+    (proc / "driver/nvidia").mkdir(parents=True, exist_ok=True)
+    shutil.copy(H200 / "proc_driver_nvidia_version", proc / "driver/nvidia/version")
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    base: dict[str, object] = {
+        "cdi_dirs": [str(tmp_path / "no-cdi")],
+        "docker_socket": str(tmp_path / "no-docker.sock"),
+        "containerd_socket": str(tmp_path / "no-containerd.sock"),
+        "podman_socket": str(tmp_path / "no-podman.sock"),
+        "crio_socket": str(tmp_path / "no-crio.sock"),
+        "docker_daemon_json": str(tmp_path / "no-daemon.json"),
+        "engine_timeout": 2.0,
+        "search_path": str(tmp_path / "bin"),
+        "use_tools": False,
+    }
+    base.update(options)
+    return CollectorContext(options=base, procfs=proc, etc=etc)
+
+
+async def _collect(ctx: CollectorContext) -> Batch:
+    collector = ContainerCollector(ctx)
+    try:
+        return await collector.collect()
+    finally:
+        await collector.stop()
+
+
+def _by(batch: Batch, signal: str) -> dict[str, object]:
+    return {
+        dict(s.labels).get("engine", dict(s.labels).get("file", "")): s.value
+        for s in batch.samples
+        if s.signal == signal
+    }
+
+
+# --- containerd: config.toml and its imports -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "nvidia", "cdi", "files"),
+    [
+        # nvidia-ctk --cdi.enabled on containerd 1.x (config v2): the drop-in sets both
+        ("containerd-v2-cdi", 1.0, 1.0, 2),
+        # the drop-in names the runtime; config v2 leaves CDI off by default
+        ("containerd-v2-dropin", 1.0, 0.0, 2),
+        # containerd 2.x (config v3): CDI on unless enable_cdi = false
+        ("containerd-v3-dropin", 1.0, 1.0, 2),
+        # the drop-in is on disk but config.toml does not import it: containerd never
+        # reads it (gpu-operator#1679), so the runtime is not configured
+        ("containerd-v3-not-imported", 0.0, 1.0, 1),
+    ],
+)
+async def test_containerd_config_with_its_imports(tmp_path, case, nvidia, cdi, files):
+    batch = await _collect(_ctx(tmp_path, PASTE / case / "etc"))
+    assert _by(batch, "container.nvidia_runtime_configured")["containerd"] == nvidia
+    assert _by(batch, "container.cdi_enabled")["containerd"] == cdi
+    valid = {k: v for k, v in _by(batch, "container.config_valid").items() if "containerd" in k}
+    expected = {"/etc/containerd/config.toml": 1.0}
+    if files == 2:
+        expected["/etc/containerd/conf.d/99-nvidia.toml"] = 1.0
+    assert valid == expected
+
+
+async def test_a_malformed_drop_in_is_named(tmp_path):
+    etc = tmp_path / "etc"
+    shutil.copytree(PASTE / "containerd-v3-dropin/etc", etc)
+    (etc / "containerd/conf.d/50-broken.toml").write_text("[plugins\n")
+    batch = await _collect(_ctx(tmp_path, etc))
+    error = _by(batch, "container.config_error")["/etc/containerd/conf.d/50-broken.toml"]
+    assert isinstance(error, str)
+    assert error.startswith("/etc/containerd/conf.d/50-broken.toml: not valid TOML")
+    assert _by(batch, "container.config_valid")["/etc/containerd/conf.d/50-broken.toml"] == 0.0
+    # no verdict on the runtime from a configuration containerd itself would refuse
+    assert "containerd" not in _by(batch, "container.nvidia_runtime_configured")
+
+
+def _reader(files: dict[str, str]):
+    def read(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return files[path]
+
+    return read
+
+
+def test_imports_relative_to_the_file_cycles_and_missing_files():
+    drop_in = (PASTE / "containerd-v3-dropin/etc/containerd/conf.d/99-nvidia.toml").read_text()
+    files = {
+        "/etc/containerd/config.toml": 'version = 3\nimports = ["conf.d/99-nvidia.toml"]\n',
+        # an import of the importing file is read once (containerd keeps a loaded set)
+        "/etc/containerd/conf.d/99-nvidia.toml": 'imports = ["../config.toml"]\n' + drop_in,
+    }
+    config = read_containerd_config("/etc/containerd/config.toml", _reader(files), lambda p: [])
+    assert config.nvidia_runtime
+    assert config.files == ("/etc/containerd/config.toml", "/etc/containerd/conf.d/99-nvidia.toml")
+    files["/etc/containerd/config.toml"] = 'version = 3\nimports = ["/etc/containerd/gone.toml"]\n'
+    with pytest.raises(ConfigError, match=r"^/etc/containerd/config\.toml: imports: "):
+        read_containerd_config("/etc/containerd/config.toml", _reader(files), lambda p: [])
+    files["/etc/containerd/config.toml"] = "version = 3\nimports = 7\n"
+    with pytest.raises(ConfigError, match="key 'imports'"):
+        read_containerd_config("/etc/containerd/config.toml", _reader(files), lambda p: [])
+
+
+def test_imports_are_bounded():
+    # each file imports the next one: past MAX_IMPORT_DEPTH it is an error, not a hang
+    files = {f"/c/{i}.toml": f'version = 2\nimports = ["{i + 1}.toml"]\n' for i in range(200)}
+    with pytest.raises(ConfigError, match="nested deeper"):
+        read_containerd_config("/c/0.toml", _reader(files), lambda p: [])
+    many = {"/c/main.toml": 'version = 2\nimports = ["/c/d/*.toml"]\n'}
+    many.update({f"/c/d/{i:03}.toml": "" for i in range(100)})
+    glob = lambda p: sorted(k for k in many if k.startswith("/c/d/"))  # noqa: E731
+    with pytest.raises(ConfigError, match=r"^/c/main\.toml: imports: more than 64 files"):
+        read_containerd_config("/c/main.toml", _reader(many), glob)
+
+
+# --- CRI-O: crio.conf and crio.conf.d ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "nvidia", "files"),
+    [
+        # nvidia-ctk runtime configure --runtime=crio: crio.conf untouched, a drop-in
+        ("crio-nvidia-ctk", 1.0, ["/etc/crio/crio.conf", "/etc/crio/crio.conf.d/99-nvidia.toml"]),
+        ("crio-no-nvidia", 0.0, ["/etc/crio/crio.conf"]),
+        # the k8s-device-plugin README's drop-in, without a crio.conf (CRI-O's defaults)
+        ("crio-device-plugin-readme", 1.0, ["/etc/crio/crio.conf.d/99-nvidia.conf"]),
+    ],
+)
+async def test_crio_config_and_drop_ins(tmp_path, case, nvidia, files):
+    batch = await _collect(_ctx(tmp_path, PASTE / case / "etc"))
+    assert _by(batch, "container.nvidia_runtime_configured")["crio"] == nvidia
+    assert _by(batch, "container.cdi_enabled")["crio"] == 1.0  # CRI-O's default dirs
+    valid = {k: v for k, v in _by(batch, "container.config_valid").items() if "crio" in k}
+    assert valid == dict.fromkeys(files, 1.0)
+
+
+async def test_no_crio_configuration_says_nothing_of_crio(tmp_path):
+    batch = await _collect(_ctx(tmp_path, PASTE / "containerd-v2-cdi/etc"))
+    assert "crio" not in _by(batch, "container.nvidia_runtime_configured")
+    assert _by(batch, "container.engine_present")["crio"] == 0.0
+
+
+def test_a_later_crio_drop_in_wins():
+    base = (PASTE / "crio-nvidia-ctk/etc/crio/crio.conf").read_text()
+    files = {
+        "/etc/crio/crio.conf": base,
+        "/etc/crio/crio.conf.d/10-dirs.conf": "[crio.runtime]\ncdi_spec_dirs = []\n",
+    }
+    config = read_crio_config(
+        "/etc/crio/crio.conf", ["/etc/crio/crio.conf.d/10-dirs.conf"], _reader(files)
+    )
+    assert config is not None
+    assert (config.nvidia_runtime, config.cdi) == (False, False)
+    files["/etc/crio/crio.conf.d/10-dirs.conf"] = "[crio.runtime]\nruntimes = 3\n"
+    with pytest.raises(ConfigError, match=r"^/etc/crio/crio\.conf\.d/10-dirs\.conf: key"):
+        read_crio_config(
+            "/etc/crio/crio.conf", ["/etc/crio/crio.conf.d/10-dirs.conf"], _reader(files)
+        )
+
+
+# --- docker / podman: GET /info ---------------------------------------------------------
+
+
+def test_engine_info_runtimes_and_cdi():
+    # the examples of moby's api/swagger.yaml SystemInfo (fixtures/container-paste)
+    info = json.loads((PASTE / "docker-info-swagger-example.json").read_text())
+    config = parse_engine_info(info, "/var/run/docker.sock", cdi_by_default=False)
+    assert (config.nvidia_runtime, config.cdi) == (False, True)
+    # "An empty list indicates that CDI device injection is disabled"
+    config = parse_engine_info(info | {"CDISpecDirs": []}, "s", cdi_by_default=False)
+    assert config.cdi is False
+    # docker < 25 has no CDISpecDirs: no CDI; podman injects CDI devices natively
+    del info["CDISpecDirs"]
+    assert parse_engine_info(info, "s", cdi_by_default=False).cdi is False
+    assert parse_engine_info(info, "s", cdi_by_default=True).cdi is True
+    with pytest.raises(ConfigError, match=r"^/run/podman/podman\.sock: /info: key 'Runtimes'"):
+        parse_engine_info({"Runtimes": []}, "/run/podman/podman.sock", cdi_by_default=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_engine_info_raises_only_config_errors(data):
+    for value in (data, {"Runtimes": data}, {"CDISpecDirs": data, "DefaultRuntime": data}):
+        message = "s: /info"
+        try:
+            parse_engine_info(value, "s", cdi_by_default=False)
+        except ConfigError as exc:
+            message = str(exc)
+        assert message.startswith("s: /info")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=300), st.lists(st.text(max_size=20), max_size=3))
+def test_config_readers_raise_only_config_errors(text, imports):
+    files = {"/etc/c.toml": text, "/etc/i.toml": "imports = " + json.dumps(imports) + "\n" + text}
+    messages = []
+    for main in ("/etc/c.toml", "/etc/i.toml"):
+        try:
+            read_containerd_config(main, _reader(files), lambda p: [])
+        except ConfigError as exc:
+            messages.append(str(exc))
+        try:
+            read_crio_config(main, ["/etc/i.toml"], _reader(files))
+        except ConfigError as exc:
+            messages.append(str(exc))
+    assert all(m.startswith("/etc/") for m in messages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_http_reply_parser_raises_only_unreachable(reply):
+    message = "s:"
+    try:
+        engine_socket._body(reply, "s")
+    except engine_socket.EngineUnreachable as exc:
+        message = str(exc)
+    assert message.startswith("s:")
+
+
+# --- the socket client: bounded in time and size ----------------------------------------
+
+
+@pytest.fixture
+def unix_server(tmp_path: Path) -> Iterator[tuple[Path, list[bytes]]]:
+    """A unix socket whose connections get the replies queued in the list (b"" for none:
+    the server holds the connection open without a word)."""
+    path = Path(f"/tmp/h9-{os.getpid()}-{id(tmp_path)}.sock")  # AF_UNIX paths are short
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+    replies: list[bytes] = []
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            reply = replies.pop(0) if replies else b""
+            if reply:
+                conn.sendall(reply)
+                conn.close()
+            else:
+                held.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path, replies
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+        path.unlink(missing_ok=True)
+
+
+def test_socket_client_bounds(unix_server, tmp_path):
+    path, replies = unix_server
+    replies.append(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nOK")
+    assert engine_socket.get(path, "/_ping", 2.0) == b"OK"
+    replies.append(b"HTTP/1.1 500 Internal Server Error\r\n\r\n{}")
+    with pytest.raises(engine_socket.EngineUnreachable, match="HTTP 500 Internal Server Error"):
+        engine_socket.get(path, "/info", 2.0)
+    replies.append(b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 5000)
+    with pytest.raises(engine_socket.EngineUnreachable, match="reply over 1000 bytes"):
+        engine_socket.get(path, "/info", 2.0, max_bytes=1000)
+    replies.append(b"")  # a daemon that never answers: the deadline ends the wait
+    started = time.monotonic()
+    with pytest.raises(engine_socket.EngineUnreachable, match=r"no full reply in 0\.3s"):
+        engine_socket.get(path, "/info", 0.3)
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(engine_socket.EngineUnreachable, match="no such socket"):
+        engine_socket.get(tmp_path / "absent.sock", "/_ping", 1.0)
+
+
+def test_a_socket_file_with_no_daemon_refuses(tmp_path):
+    path = Path(f"/tmp/h9-dead-{os.getpid()}.sock")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening: what a crashed daemon leaves behind
+    try:
+        with pytest.raises(engine_socket.EngineUnreachable, match="connection refused"):
+            engine_socket.accepts(path, 1.0)
+    finally:
+        dead.close()
+        path.unlink()
+
+
+# --- a CLI alone is no engine -----------------------------------------------------------
+
+
+async def test_a_docker_cli_without_a_daemon_is_no_engine(tmp_path):
+    ctx = _ctx(tmp_path, tmp_path / "etc")
+    docker = tmp_path / "bin/docker"
+    docker.write_text("#!/bin/sh\nexit 0\n")
+    docker.chmod(0o755)
+    batch = await _collect(ctx)
+    assert _by(batch, "container.engine_present")["docker"] == 0.0
+    status = _by(batch, "container.engine_status")
+    assert set(status) == {"docker"}  # nothing said of engines with no trace at all
+    assert str(status["docker"]).startswith(f"no daemon answers: {tmp_path}/no-docker.sock")
+    results = _evaluate(batch)
+    assert [r.verdict.code for r in results if r.verdict is not None] == []
+
+
+def _evaluate(batch: Batch) -> list:
+    """The container rule over the batch on a GPU host (the nvidia module loaded)."""
+    loaded = load_rules([RULES])
+    assert loaded.errors == []
+    store = SignalStore(clock=VirtualClock(0))
+    gpu_host = Batch()
+    gpu_host.add("driver.module_loaded", "node", 1.0, (("module", "nvidia"),))
+    store.ingest("driver", gpu_host, t=0)
+    store.ingest("container", batch, t=0)
+    return evaluate(loaded.ruleset, store, 1)
+
+
+# --- a real dockerd ---------------------------------------------------------------------
+
+
+def _start_dockerd(root: Path, *extra: str) -> subprocess.Popen[bytes]:
+    dockerd = require_tool("dockerd")
+    if os.geteuid() != 0:
+        if os.environ.get("MOPTD_REQUIRE_TOOLS"):
+            pytest.fail("dockerd needs root in CI")
+        pytest.skip("dockerd needs root")
+    sock = root / "docker.sock"
+    argv = [
+        dockerd,
+        "--data-root", str(root / "data"),
+        "--exec-root", str(root / "exec"),
+        "--pidfile", str(root / "docker.pid"),
+        "-H", f"unix://{sock}",
+        "--config-file", str(root / "daemon.json"),
+        # no networking to set up: nothing here runs a container
+        "--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-forward=false",
+        "--ip-masq=false", "--userland-proxy=false",
+        *extra,
+    ]  # fmt: skip
+    with (root / "dockerd.log").open("wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            if engine_socket.get(sock, "/_ping", 1.0) == b"OK":
+                return proc
+        except engine_socket.EngineUnreachable:
+            time.sleep(0.3)
+    _stop(proc)
+    tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]
+    if os.environ.get("MOPTD_REQUIRE_TOOLS"):
+        pytest.fail(f"dockerd did not start:\n{tail}")
+    pytest.skip(f"dockerd cannot start here:\n{tail}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def docker_root() -> Iterator[Path]:
+    # a short path: the socket's must fit in sockaddr_un (108 bytes)
+    root = Path(f"/tmp/moptd-dockerd-{os.getpid()}")
+    root.mkdir()
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "extra", "daemon_json", "code"),
+    [
+        # Debian's dockerd with its default runtimes (runc): a GPU host whose containers
+        # will not see the GPUs
+        ("default runtimes", (), {}, "CONTAINER_RUNTIME_NOT_CONFIGURED"),
+        # the flag nvidia-ctk's docs mention as the alternative to daemon.json
+        ("--add-runtime", ("--add-runtime", "nvidia=/usr/bin/true"), {}, None),
+        # what `nvidia-ctk runtime configure --runtime=docker` writes to daemon.json
+        (
+            "daemon.json runtimes",
+            (),
+            {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}},
+            None,
+        ),
+    ],
+)
+async def test_a_real_dockerd_is_asked(tmp_path, docker_root, how, extra, daemon_json, code):
+    (docker_root / "daemon.json").write_text(json.dumps(daemon_json))
+    proc = _start_dockerd(docker_root, *extra)
+    try:
+        ctx = _ctx(
+            tmp_path,
+            tmp_path / "etc",
+            docker_socket=str(docker_root / "docker.sock"),
+            docker_daemon_json=str(docker_root / "daemon.json"),
+        )
+        batch = await _collect(ctx)
+    finally:
+        _stop(proc)
+    assert _by(batch, "container.engine_present")["docker"] == 1.0, how
+    assert str(_by(batch, "container.engine_status")["docker"]).startswith(
+        f"answers at {docker_root}/docker.sock (docker "
+    )
+    expected = 0.0 if code else 1.0
+    assert _by(batch, "container.nvidia_runtime_configured")["docker"] == expected
+    results = _evaluate(batch)
+    codes = [r.verdict.code for r in results if r.verdict is not None]
+    assert codes == ([code] if code else [])
+
+
+@pytest.mark.slow
+async def test_daemon_json_edited_but_docker_not_restarted(tmp_path, docker_root):
+    """The running daemon's word counts: a daemon.json naming nvidia that dockerd has not
+    loaded yet is a docker without the runtime."""
+    (docker_root / "daemon.json").write_text("{}")
+    proc = _start_dockerd(docker_root)
+    try:
+        (docker_root / "daemon.json").write_text(
+            json.dumps({"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}})
+        )
+        ctx = _ctx(
+            tmp_path,
+            tmp_path / "etc",
+            docker_socket=str(docker_root / "docker.sock"),
+            docker_daemon_json=str(docker_root / "daemon.json"),
+        )
+        batch = await _collect(ctx)
+    finally:
+        _stop(proc)
+    assert _by(batch, "container.nvidia_runtime_configured")["docker"] == 0.0
+    assert _by(batch, "container.config_valid")[str(docker_root / "daemon.json")] == 1.0
