@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moptd.cli import render
 from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext
 from moptd.collectors.container import ContainerCollector
@@ -28,6 +29,7 @@ from moptd.collectors.container_config import (
     read_containerd_config,
     read_crio_config,
 )
+from moptd.daemon.views import container_view
 from moptd.diagnose.engine import evaluate
 from moptd.diagnose.loader import load_rules
 from moptd.observations import Batch
@@ -356,6 +358,22 @@ async def test_a_docker_cli_without_a_daemon_is_no_engine(tmp_path):
     assert [r.verdict.code for r in results if r.verdict is not None] == []
 
 
+async def test_moptd_status_says_a_cli_alone_is_no_engine(tmp_path, capsys):
+    ctx = _ctx(tmp_path, PASTE / "containerd-v3-dropin/etc")
+    docker = tmp_path / "bin/docker"
+    docker.write_text("#!/bin/sh\nexit 0\n")
+    docker.chmod(0o755)
+    store = SignalStore(clock=VirtualClock(0))
+    store.ingest("container", await _collect(ctx), t=0)
+    view = container_view(store)
+    assert list(view) == ["docker"]  # containerd's config alone, no binary, no socket: no line
+    assert view["docker"]["answers"] is False
+    render.print_status({"containers": view, "collectors": []})
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"Container engine docker: no daemon answers: {tmp_path}/no-docker.sock" in out
+    assert "a CLI or a socket file alone is no engine" in out
+
+
 def _evaluate(batch: Batch) -> list:
     """The container rule over the batch on a GPU host (the nvidia module loaded)."""
     loaded = load_rules([RULES])
@@ -466,6 +484,8 @@ async def test_a_real_dockerd_is_asked(tmp_path, docker_root, how, extra, daemon
     )
     expected = 0.0 if code else 1.0
     assert _by(batch, "container.nvidia_runtime_configured")["docker"] == expected
+    # CDI on or off (docker 28 turns it on), no spec on disk: the runtime decides
+    assert _by(batch, "container.cdi_enabled")["docker"] in (0.0, 1.0)
     results = _evaluate(batch)
     codes = [r.verdict.code for r in results if r.verdict is not None]
     assert codes == ([code] if code else [])
