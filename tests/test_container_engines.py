@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from moptd.cli import render
 from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext
+from moptd.collectors import registry
 from moptd.collectors.container import ContainerCollector
 from moptd.collectors.container_config import (
     ConfigError,
@@ -29,6 +30,8 @@ from moptd.collectors.container_config import (
     read_containerd_config,
     read_crio_config,
 )
+from moptd.config import ConfigError as ConfigFileError
+from moptd.config import parse_config
 from moptd.daemon.views import container_view
 from moptd.diagnose.engine import evaluate
 from moptd.diagnose.loader import load_rules
@@ -77,6 +80,16 @@ def _by(batch: Batch, signal: str) -> dict[str, object]:
         for s in batch.samples
         if s.signal == signal
     }
+
+
+def test_engine_timeout_is_checked_at_load_time():
+    text = "collectors:\n  container:\n    engine_timeout: 100\n"
+    with pytest.raises(
+        ConfigFileError,
+        match=r"moptd\.yaml:3: key 'collectors\.container\.engine_timeout': expected seconds",
+    ):
+        parse_config(text, "moptd.yaml", registry())
+    parse_config("collectors:\n  container:\n    engine_timeout: 0.5\n", "moptd.yaml", registry())
 
 
 # --- containerd: config.toml and its imports -------------------------------------------
