@@ -5,6 +5,7 @@ engines read them. The configs are those nvidia-ctk and NVIDIA's docs write
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +104,7 @@ def test_engine_timeout_is_checked_at_load_time():
         ("containerd-v2-cdi", 1.0, 1.0, 2),
         # the drop-in names the runtime; config v2 leaves CDI off by default
         ("containerd-v2-dropin", 1.0, 0.0, 2),
+        ("containerd-v2-not-imported", 0.0, 0.0, 1),
         # containerd 2.x (config v3): CDI on unless enable_cdi = false
         ("containerd-v3-dropin", 1.0, 1.0, 2),
         # the drop-in is on disk but config.toml does not import it: containerd never
@@ -118,6 +121,36 @@ async def test_containerd_config_with_its_imports(tmp_path, case, nvidia, cdi, f
     if files == 2:
         expected["/etc/containerd/conf.d/99-nvidia.toml"] = 1.0
     assert valid == expected
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["containerd-v2-cdi", "containerd-v2-dropin", "containerd-v2-not-imported"],
+)
+def test_the_real_containerd_reads_the_imports_as_moptd_does(tmp_path, case):
+    """`containerd config dump` (Debian's containerd; config v2, what 1.x reads) merges
+    the same files and finds the nvidia runtime where moptd does. The fixture's import
+    glob is pointed at the copy in tmp_path: containerd reads real paths."""
+    containerd = require_tool("containerd")
+    etc = tmp_path / "etc"
+    shutil.copytree(PASTE / case / "etc", etc)
+    main = etc / "containerd/config.toml"
+    main.write_text(main.read_text().replace("/etc/containerd/conf.d", f"{etc}/containerd/conf.d"))
+    out = subprocess.run(
+        [containerd, "--config", str(main), "config", "dump"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    dumped = tomllib.loads(out)
+    runtimes = dumped["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    ours = read_containerd_config(
+        str(main), lambda p: Path(p).read_text(), lambda p: sorted(glob.glob(p))
+    )
+    assert ("nvidia" in runtimes) == ours.nvidia_runtime
+    # containerd lists the files it loaded from a Go map: the order is not the merge order
+    assert sorted(ours.files) == sorted(dumped.get("imports", [str(main)]))
 
 
 async def test_a_malformed_drop_in_is_named(tmp_path):
