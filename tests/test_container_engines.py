@@ -483,9 +483,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture
-def docker_root() -> Iterator[Path]:
+def engine_root() -> Iterator[Path]:
     # a short path: the socket's must fit in sockaddr_un (108 bytes)
-    root = Path(f"/tmp/moptd-dockerd-{os.getpid()}")
+    root = Path(f"/tmp/moptd-engine-{os.getpid()}")
     root.mkdir()
     try:
         yield root
@@ -511,22 +511,22 @@ def docker_root() -> Iterator[Path]:
         ),
     ],
 )
-async def test_a_real_dockerd_is_asked(tmp_path, docker_root, how, extra, daemon_json, code):
-    (docker_root / "daemon.json").write_text(json.dumps(daemon_json))
-    proc = _start_dockerd(docker_root, *extra)
+async def test_a_real_dockerd_is_asked(tmp_path, engine_root, how, extra, daemon_json, code):
+    (engine_root / "daemon.json").write_text(json.dumps(daemon_json))
+    proc = _start_dockerd(engine_root, *extra)
     try:
         ctx = _ctx(
             tmp_path,
             tmp_path / "etc",
-            docker_socket=str(docker_root / "docker.sock"),
-            docker_daemon_json=str(docker_root / "daemon.json"),
+            docker_socket=str(engine_root / "docker.sock"),
+            docker_daemon_json=str(engine_root / "daemon.json"),
         )
         batch = await _collect(ctx)
     finally:
         _stop(proc)
     assert _by(batch, "container.engine_present")["docker"] == 1.0, how
     assert str(_by(batch, "container.engine_status")["docker"]).startswith(
-        f"answers at {docker_root}/docker.sock (docker "
+        f"answers at {engine_root}/docker.sock (docker "
     )
     expected = 0.0 if code else 1.0
     assert _by(batch, "container.nvidia_runtime_configured")["docker"] == expected
@@ -538,23 +538,85 @@ async def test_a_real_dockerd_is_asked(tmp_path, docker_root, how, extra, daemon
 
 
 @pytest.mark.slow
-async def test_daemon_json_edited_but_docker_not_restarted(tmp_path, docker_root):
+async def test_daemon_json_edited_but_docker_not_restarted(tmp_path, engine_root):
     """The running daemon's word counts: a daemon.json naming nvidia that dockerd has not
     loaded yet is a docker without the runtime."""
-    (docker_root / "daemon.json").write_text("{}")
-    proc = _start_dockerd(docker_root)
+    (engine_root / "daemon.json").write_text("{}")
+    proc = _start_dockerd(engine_root)
     try:
-        (docker_root / "daemon.json").write_text(
+        (engine_root / "daemon.json").write_text(
             json.dumps({"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}})
         )
         ctx = _ctx(
             tmp_path,
             tmp_path / "etc",
-            docker_socket=str(docker_root / "docker.sock"),
-            docker_daemon_json=str(docker_root / "daemon.json"),
+            docker_socket=str(engine_root / "docker.sock"),
+            docker_daemon_json=str(engine_root / "daemon.json"),
         )
         batch = await _collect(ctx)
     finally:
         _stop(proc)
     assert _by(batch, "container.nvidia_runtime_configured")["docker"] == 0.0
-    assert _by(batch, "container.config_valid")[str(docker_root / "daemon.json")] == 1.0
+    assert _by(batch, "container.config_valid")[str(engine_root / "daemon.json")] == 1.0
+
+
+# --- a real podman API service ----------------------------------------------------------
+
+
+def _start_podman(root: Path) -> subprocess.Popen[bytes]:
+    podman = require_tool("podman")
+    sock = root / "podman.sock"
+    argv = [
+        podman,
+        "--root", str(root / "storage"),
+        "--runroot", str(root / "run"),
+        "--tmpdir", str(root / "tmp"),
+        "--storage-driver", "vfs",  # no image is pulled or run: nothing to mount
+        "system", "service", "--time=0", f"unix://{sock}",
+    ]  # fmt: skip
+    with (root / "podman.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if engine_socket.get(sock, "/_ping", 1.0) == b"OK":
+                return proc
+        except engine_socket.EngineUnreachable:
+            time.sleep(0.2)
+    _stop(proc)
+    tail = (root / "podman.log").read_text(errors="replace")[-1500:]
+    if os.environ.get("MOPTD_REQUIRE_TOOLS"):
+        pytest.fail(f"podman system service did not start:\n{tail}")
+    pytest.skip(f"podman system service cannot start here:\n{tail}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_spec", [False, True])
+async def test_a_real_podman_is_asked(tmp_path, engine_root, with_spec):
+    """Podman has no nvidia runtime by default and injects CDI devices natively: with a
+    CDI spec on disk containers see the GPUs, without one they do not."""
+    from tests.test_container_collector import CDI_SPEC  # nvidia-ctk's shape, trimmed
+
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    if with_spec:
+        (cdi / "nvidia.yaml").write_text(CDI_SPEC.format(v="580.159.04"))
+    proc = _start_podman(engine_root)
+    try:
+        ctx = _ctx(
+            tmp_path,
+            tmp_path / "etc",
+            podman_socket=str(engine_root / "podman.sock"),
+            cdi_dirs=[str(cdi)],
+        )
+        batch = await _collect(ctx)
+    finally:
+        _stop(proc)
+    assert _by(batch, "container.engine_present")["podman"] == 1.0
+    assert str(_by(batch, "container.engine_status")["podman"]).startswith(
+        f"answers at {engine_root}/podman.sock (podman "
+    )
+    assert _by(batch, "container.nvidia_runtime_configured")["podman"] == 0.0
+    assert _by(batch, "container.cdi_enabled")["podman"] == 1.0
+    codes = [r.verdict.code for r in _evaluate(batch) if r.verdict is not None]
+    assert codes == ([] if with_spec else ["CONTAINER_RUNTIME_NOT_CONFIGURED"])
