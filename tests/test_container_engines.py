@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -385,6 +386,88 @@ def test_a_socket_file_with_no_daemon_refuses(tmp_path):
     finally:
         dead.close()
         path.unlink()
+
+
+def test_listening_by_proc_net_unix(tmp_path):
+    # proc(5)'s example table: /dev/printer listens (Flags __SO_ACCEPTCON)
+    table = PASTE / "proc-net-unix/proc5-example.txt"
+    assert engine_socket.listening(table, "/dev/printer") is True
+    assert engine_socket.listening(table, "/run/docker.sock") is False
+    assert engine_socket.listening(tmp_path / "absent", "/dev/printer") is None
+    # this kernel's own table, for a socket that listens and one that is only bound
+    live, bound = (Path(f"/tmp/h9-{os.getpid()}-{n}.sock") for n in ("live", "bound"))
+    a, b = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        a.bind(str(live))
+        a.listen(1)
+        b.bind(str(bound))
+        assert engine_socket.listening(Path("/proc/net/unix"), str(live)) is True
+        assert engine_socket.listening(Path("/proc/net/unix"), str(bound)) is False
+    finally:
+        a.close()
+        b.close()
+        live.unlink(missing_ok=True)
+        bound.unlink(missing_ok=True)
+
+
+_AS_NOBODY = """
+import json, sys
+from moptd.collector import CollectorContext
+from moptd.collectors.container import ContainerCollector
+batch = ContainerCollector(CollectorContext(options=json.loads(sys.argv[1]))).read()
+print(json.dumps([[s.signal, dict(s.labels).get("engine"), s.value] for s in batch.samples]))
+"""
+
+
+def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_path):
+    """moptd runs as its own user; docker.sock and containerd.sock are root's. A daemon
+    listening behind a socket moptd may not open still counts (on its files); a socket
+    file nobody listens on does not. Run as nobody, against root's 0600 sockets."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run the collector as another user")
+    live, dead = (Path(f"/tmp/h9-{os.getpid()}-{n}.sock") for n in ("live", "dead"))
+    a, b = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        a.bind(str(live))
+        a.listen(1)
+        b.bind(str(dead))  # what a crashed daemon leaves: a file, no listener
+        for p in (live, dead):
+            p.chmod(0o600)
+        options = {
+            "containerd_socket": str(live),
+            "docker_socket": str(dead),
+            "podman_socket": str(tmp_path / "none.sock"),
+            "crio_socket": str(tmp_path / "none.sock"),
+            "docker_daemon_json": str(tmp_path / "none.json"),
+            "containerd_config": str(tmp_path / "none.toml"),
+            "cdi_dirs": [],
+            "search_path": "",
+            "use_tools": False,
+        }
+        out = subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+             sys.executable, "-c", _AS_NOBODY, json.dumps(options)],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={"PYTHONPATH": str(Path(__file__).parent.parent), "HOME": "/tmp"},
+        )  # fmt: skip
+    finally:
+        a.close()
+        b.close()
+        live.unlink(missing_ok=True)
+        dead.unlink(missing_ok=True)
+    assert out.returncode == 0, out.stderr
+    samples = json.loads(out.stdout)
+    present = {e: v for sig, e, v in samples if sig == "container.engine_present"}
+    status = {e: v for sig, e, v in samples if sig == "container.engine_status"}
+    assert present["containerd"] == 1.0
+    assert status["containerd"].startswith(f"a daemon listens at {live}, but {live}: permission")
+    assert present["docker"] == 0.0
+    assert status["docker"] == (
+        f"no daemon listens at {dead} (moptd may not open it: permission denied)"
+    )
+    # podman's socket behind a directory moptd may not search (as /run/podman is): no crash
+    assert present["podman"] == 0.0
 
 
 # --- a CLI alone is no engine -----------------------------------------------------------

@@ -284,6 +284,22 @@ class ContainerCollector(Collector):
             else:
                 engine_socket.accepts(socket, timeout)
                 said = ""
+        except engine_socket.EngineRefused as exc:
+            # moptd runs unprivileged; docker.sock and containerd.sock are root's (and the
+            # docker group's, root-equivalent): a daemon that listens still counts, judged
+            # on its files
+            alive = engine_socket.listening(self.ctx.procfs / "net/unix", str(socket))
+            b.add("container.engine_present", NODE, 0.0 if alive is False else 1.0, labels)
+            if alive is False:
+                status = f"no daemon listens at {socket} (moptd may not open it: permission denied)"
+            else:
+                seen = "listens" if alive else "may listen (/proc/net/unix unreadable)"
+                status = (
+                    f"a daemon {seen} at {socket}, but {exc}: judged on its configuration "
+                    "files, not asked (asking needs access to the socket)"
+                )
+            b.add("container.engine_status", NODE, status, labels)
+            return None
         except engine_socket.EngineUnreachable as exc:
             b.add("container.engine_present", NODE, 0.0, labels)
             if installed:  # a CLI or a socket file, and nobody home: say it, no finding

@@ -11,6 +11,7 @@ and in size; a failure is an ``EngineUnreachable`` whose message says why in wor
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -24,6 +25,11 @@ class EngineUnreachable(OSError):
     """No usable answer from the socket (the message says why)."""
 
 
+class EngineRefused(EngineUnreachable):
+    """The socket's permissions keep this process out (EACCES): whether a daemon is behind
+    it is a question for ``listening``."""
+
+
 def _connect(path: Path, deadline: float) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -32,6 +38,9 @@ def _connect(path: Path, deadline: float) -> socket.socket:
     except FileNotFoundError:
         sock.close()
         raise EngineUnreachable(f"{path}: no such socket") from None
+    except PermissionError:
+        sock.close()
+        raise EngineRefused(f"{path}: permission denied") from None
     except ConnectionRefusedError:
         sock.close()
         raise EngineUnreachable(f"{path}: connection refused (no daemon listens)") from None
@@ -42,6 +51,38 @@ def _connect(path: Path, deadline: float) -> socket.socket:
         sock.close()
         raise EngineUnreachable(f"{path}: {exc.strerror or exc}") from None
     return sock
+
+
+MAX_NET_UNIX_LINES = 200_000
+_LISTENING = 0x10000  # __SO_ACCEPTCON in the Flags column
+
+
+def listening(net_unix: Path, path: str) -> bool | None:
+    """Does a socket bound to ``path`` listen, by /proc/net/unix (readable by anyone, so it
+    answers where the socket itself refuses us)? None when the table cannot be read.
+
+    A path is the one the daemon bound: /var/run/docker.sock and /run/docker.sock (where
+    /var/run links to /run) are one socket."""
+    wanted = {path, os.path.realpath(path)}
+    name = os.path.basename(path)
+    try:
+        with net_unix.open(encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh):
+                if n > MAX_NET_UNIX_LINES:
+                    break
+                fields = line.split(maxsplit=7)
+                if len(fields) < 8 or not fields[7].rstrip("\n").endswith(name):
+                    continue
+                bound = fields[7].rstrip("\n")
+                try:
+                    flags = int(fields[3], 16)
+                except ValueError:
+                    continue
+                if flags & _LISTENING and (bound in wanted or os.path.realpath(bound) in wanted):
+                    return True
+    except OSError:
+        return None
+    return False
 
 
 def accepts(path: Path, timeout: float) -> None:
