@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -408,6 +409,15 @@ def test_listening_by_proc_net_unix(tmp_path):
         b.close()
         live.unlink(missing_ok=True)
         bound.unlink(missing_ok=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=400), st.sampled_from(["/run/docker.sock", "/dev/printer", "x"]))
+def test_proc_net_unix_reader_never_fails(text, path):
+    with tempfile.NamedTemporaryFile("w", suffix=".unix") as fh:
+        fh.write(text)
+        fh.flush()
+        assert engine_socket.listening(Path(fh.name), path) in (True, False)
 
 
 _AS_NOBODY = """
