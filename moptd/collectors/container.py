@@ -376,7 +376,10 @@ class ContainerCollector(Collector):
             entries = []
         drop_ins = [str(Path(directory) / p.name) for p in entries if p.is_file()]
         if len(drop_ins) > MAX_CONFIG_FILES:
-            message = f"{directory}: more than {MAX_CONFIG_FILES} drop-ins; the first read"
+            message = (
+                f"{directory}: more than {MAX_CONFIG_FILES} drop-ins: only the first "
+                f"{MAX_CONFIG_FILES} are read"
+            )
             self._bad(b, directory, message)
         try:
             config = read_crio_config(file, drop_ins, self._read_text)
