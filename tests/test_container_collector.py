@@ -200,7 +200,10 @@ async def test_stale_cdi_spec_after_a_driver_upgrade(tmp_path, caplog):
         (("engine", "crio"),): 0.0,
     }
     (status,) = _by(batch, "container.engine_status").values()
-    assert str(status).startswith(f"no daemon answers: {tmp_path}/no-docker.sock: no such socket")
+    assert status == (
+        f"no daemon answers: no dockerd runs and nothing listens at {tmp_path}/no-docker.sock"
+        " (a CLI or a socket file alone is no engine)"
+    )
     assert _by(batch, "container.nvidia_runtime_configured") == {
         (("engine", "docker"),): 1.0,
         (("engine", "containerd"),): 0.0,

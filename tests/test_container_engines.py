@@ -49,11 +49,16 @@ H200 = Path(__file__).parent / "fixtures/h200"
 RULES = Path(__file__).parent.parent / "rules/container/container.rules.yaml"
 
 
-def _ctx(tmp_path: Path, etc: Path, **options: object) -> CollectorContext:
-    """A context reading /etc from ``etc``, with no engine socket and no tools."""
+def _ctx(
+    tmp_path: Path, etc: Path, procfs: Path | None = None, **options: object
+) -> CollectorContext:
+    """A context reading /etc from ``etc``, with no engine socket and no tools. /proc is a
+    tree of an H200 host's driver version and nothing else (no process runs there) unless
+    ``procfs`` is given (the real one, where a daemon a test started runs)."""
     proc = tmp_path / "proc"
     (proc / "driver/nvidia").mkdir(parents=True, exist_ok=True)
     shutil.copy(H200 / "proc_driver_nvidia_version", proc / "driver/nvidia/version")
+    proc = procfs or proc
     (tmp_path / "bin").mkdir(exist_ok=True)
     base: dict[str, object] = {
         "cdi_dirs": [str(tmp_path / "no-cdi")],
@@ -323,9 +328,9 @@ def test_http_reply_parser_raises_only_unreachable(reply):
 
 
 @pytest.fixture
-def unix_server(tmp_path: Path) -> Iterator[tuple[Path, list[bytes]]]:
+def unix_server(tmp_path: Path) -> Iterator[tuple[Path, list[bytes], list[socket.socket]]]:
     """A unix socket whose connections get the replies queued in the list (b"" for none:
-    the server holds the connection open without a word)."""
+    the server holds the connection open without a word, in the third list)."""
     path = Path(f"/tmp/h9-{os.getpid()}-{id(tmp_path)}.sock")  # AF_UNIX paths are short
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
@@ -350,7 +355,7 @@ def unix_server(tmp_path: Path) -> Iterator[tuple[Path, list[bytes]]]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        yield path, replies
+        yield path, replies, held
     finally:
         server.close()
         for conn in held:
@@ -359,7 +364,7 @@ def unix_server(tmp_path: Path) -> Iterator[tuple[Path, list[bytes]]]:
 
 
 def test_socket_client_bounds(unix_server, tmp_path):
-    path, replies = unix_server
+    path, replies, _ = unix_server
     replies.append(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nOK")
     assert engine_socket.get(path, "/_ping", 2.0) == b"OK"
     replies.append(b"HTTP/1.1 500 Internal Server Error\r\n\r\n{}")
@@ -420,6 +425,65 @@ def test_proc_net_unix_reader_never_fails(text, path):
         assert engine_socket.listening(Path(fh.name), path) in (True, False)
 
 
+def _listener_named(comm: str, path: Path, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A process whose /proc/PID/comm is ``comm`` (Python run through a link of that
+    name), listening on a unix socket at ``path`` until killed."""
+    link = tmp_path / comm
+    link.symlink_to(sys.executable)
+    code = (
+        "import socket, sys, time\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "s.bind(sys.argv[1]); s.listen(8); print('up', flush=True)\n"
+        "while True: time.sleep(1)\n"
+    )
+    proc = subprocess.Popen([str(link), "-c", code, str(path)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+async def test_a_socket_activated_service_is_not_started(tmp_path, unix_server):
+    """A socket that listens with no dockerd running is systemd's (docker.socket):
+    connecting would start docker. It is not asked; the engine counts on its files."""
+    path, _, held = unix_server
+    proc = tmp_path / "no-processes"
+    proc.mkdir()
+    (proc / "net").symlink_to("/proc/net")  # this kernel's socket table, no pid at all
+    batch = await _collect(_ctx(tmp_path, tmp_path / "etc", proc, docker_socket=str(path)))
+    assert _by(batch, "container.engine_present")["docker"] == 1.0
+    assert str(_by(batch, "container.engine_status")["docker"]).startswith(
+        f"a socket listens at {path} but no dockerd runs (socket activation): not asked"
+    )
+    assert held == []  # no connection was made
+
+
+@pytest.fixture
+def containerd_listener(tmp_path: Path) -> Iterator[Path]:
+    path = Path(f"/tmp/h9-{os.getpid()}-ctd.sock")
+    holder = _listener_named("containerd", path, tmp_path)
+    try:
+        yield path
+    finally:
+        _end(holder)
+        path.unlink(missing_ok=True)
+
+
+async def test_a_daemon_of_that_name_is_asked(tmp_path, containerd_listener):
+    """A socket held by a process named containerd is asked (it accepts)."""
+    path = containerd_listener
+    ctx = _ctx(tmp_path, tmp_path / "etc", Path("/proc"), containerd_socket=str(path))
+    batch = await _collect(ctx)
+    assert _by(batch, "container.engine_present")["containerd"] == 1.0
+    assert _by(batch, "container.engine_status")["containerd"] == f"answers at {path}"
+
+
 _AS_NOBODY = """
 import json, sys
 from moptd.collector import CollectorContext
@@ -437,13 +501,12 @@ def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_p
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to run the collector as another user")
     live, dead = (Path(f"/tmp/h9-{os.getpid()}-{n}.sock") for n in ("live", "dead"))
-    a, b = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    holder = _listener_named("containerd", live, tmp_path)  # a containerd process runs
+    b = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        a.bind(str(live))
-        a.listen(1)
+        live.chmod(0o600)
         b.bind(str(dead))  # what a crashed daemon leaves: a file, no listener
-        for p in (live, dead):
-            p.chmod(0o600)
+        dead.chmod(0o600)
         options = {
             "containerd_socket": str(live),
             "docker_socket": str(dead),
@@ -462,7 +525,7 @@ def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_p
             env={"PYTHONPATH": str(Path(__file__).parent.parent), "HOME": "/tmp"},
         )  # fmt: skip
     finally:
-        a.close()
+        _end(holder)
         b.close()
         live.unlink(missing_ok=True)
         dead.unlink(missing_ok=True)
@@ -474,7 +537,8 @@ def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_p
     assert status["containerd"].startswith(f"a daemon listens at {live}, but {live}: permission")
     assert present["docker"] == 0.0
     assert status["docker"] == (
-        f"no daemon listens at {dead} (moptd may not open it: permission denied)"
+        f"no daemon answers: no dockerd runs and nothing listens at {dead}"
+        " (a CLI or a socket file alone is no engine)"
     )
     # podman's socket behind a directory moptd may not search (as /run/podman is): no crash
     assert present["podman"] == 0.0
@@ -492,7 +556,9 @@ async def test_a_docker_cli_without_a_daemon_is_no_engine(tmp_path):
     assert _by(batch, "container.engine_present")["docker"] == 0.0
     status = _by(batch, "container.engine_status")
     assert set(status) == {"docker"}  # nothing said of engines with no trace at all
-    assert str(status["docker"]).startswith(f"no daemon answers: {tmp_path}/no-docker.sock")
+    assert str(status["docker"]).startswith(
+        f"no daemon answers: no dockerd runs and nothing listens at {tmp_path}/no-docker.sock"
+    )
     results = _evaluate(batch)
     assert [r.verdict.code for r in results if r.verdict is not None] == []
 
@@ -509,7 +575,7 @@ async def test_moptd_status_says_a_cli_alone_is_no_engine(tmp_path, capsys):
     assert view["docker"]["answers"] is False
     render.print_status({"containers": view, "collectors": []})
     out = " ".join(capsys.readouterr().out.split())
-    assert f"Container engine docker: no daemon answers: {tmp_path}/no-docker.sock" in out
+    assert "Container engine docker: no daemon answers: no dockerd runs" in out
     assert "a CLI or a socket file alone is no engine" in out
 
 
@@ -611,6 +677,7 @@ async def test_a_real_dockerd_is_asked(tmp_path, engine_root, how, extra, daemon
         ctx = _ctx(
             tmp_path,
             tmp_path / "etc",
+            procfs=Path("/proc"),
             docker_socket=str(engine_root / "docker.sock"),
             docker_daemon_json=str(engine_root / "daemon.json"),
         )
@@ -643,6 +710,7 @@ async def test_daemon_json_edited_but_docker_not_restarted(tmp_path, engine_root
         ctx = _ctx(
             tmp_path,
             tmp_path / "etc",
+            procfs=Path("/proc"),
             docker_socket=str(engine_root / "docker.sock"),
             docker_daemon_json=str(engine_root / "daemon.json"),
         )
@@ -699,6 +767,7 @@ async def test_a_real_podman_is_asked(tmp_path, engine_root, with_spec):
         ctx = _ctx(
             tmp_path,
             tmp_path / "etc",
+            procfs=Path("/proc"),
             podman_socket=str(engine_root / "podman.sock"),
             cdi_dirs=[str(cdi)],
         )

@@ -54,6 +54,7 @@ __all__ = ["ConfigError", "ContainerCollector", "parse_cdi_spec", "parse_daemon_
 @dataclass(frozen=True, slots=True)
 class Engine:
     name: str
+    process: str  # the daemon's /proc/PID/comm
     binaries: tuple[str, ...]
     socket_option: str
     api: bool  # serves the Docker Engine API (/_ping, /info) on its socket; else gRPC
@@ -61,10 +62,10 @@ class Engine:
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine("docker", ("dockerd", "docker"), "docker_socket", api=True),
-    Engine("containerd", ("containerd",), "containerd_socket", api=False),
-    Engine("podman", ("podman",), "podman_socket", api=True, cdi_by_default=True),
-    Engine("crio", ("crio",), "crio_socket", api=False),
+    Engine("docker", "dockerd", ("dockerd", "docker"), "docker_socket", api=True),
+    Engine("containerd", "containerd", ("containerd",), "containerd_socket", api=False),
+    Engine("podman", "podman", ("podman",), "podman_socket", api=True, cdi_by_default=True),
+    Engine("crio", "crio", ("crio",), "crio_socket", api=False),
 )
 _LIB_VERSION = re.compile(
     r"lib(?:cuda|nvidia-ml|nvidia-ptxjitcompiler|nvidia-opencl|nvcuvid|nvidia-encode|"
@@ -269,6 +270,25 @@ class ContainerCollector(Collector):
         """Does the engine's daemon answer on its socket? engine_present says so, and
         engine_status in words; for docker and podman, what /info says of the runtimes."""
         labels = labels_of(engine=engine.name)
+        if engine_socket.process_runs(self.ctx.procfs, engine.process) is False:
+            # never connect then: a socket systemd holds (docker.socket, podman.socket)
+            # would start the service, and a reader starts nothing
+            alive = engine_socket.listening(self.ctx.procfs / "net/unix", str(socket))
+            b.add("container.engine_present", NODE, 1.0 if alive else 0.0, labels)
+            if alive:
+                status = (
+                    f"a socket listens at {socket} but no {engine.process} runs (socket "
+                    "activation): not asked, so as not to start it; judged on its files"
+                )
+            elif installed:
+                status = (
+                    f"no daemon answers: no {engine.process} runs and nothing listens at "
+                    f"{socket} (a CLI or a socket file alone is no engine)"
+                )
+            else:
+                return None
+            b.add("container.engine_status", NODE, status, labels)
+            return None
         timeout = float(self.option("engine_timeout"))
         info: EngineConfig | None = None
         try:

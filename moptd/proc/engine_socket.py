@@ -85,6 +85,34 @@ def listening(net_unix: Path, path: str) -> bool | None:
     return False
 
 
+MAX_PIDS = 100_000
+
+
+def process_runs(procfs: Path, comm: str) -> bool | None:
+    """Does a process of that name (/proc/PID/comm) run? None when /proc cannot be listed.
+
+    Asked before a socket is: connecting to a socket systemd holds for a service that is
+    not running (docker.socket, podman.socket) would start the service, and a reader must
+    not start anything."""
+    try:
+        entries = os.scandir(procfs)
+    except OSError:
+        return None
+    with entries:
+        for n, entry in enumerate(entries):
+            if n > MAX_PIDS:
+                break
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(os.path.join(entry.path, "comm"), "rb") as fh:
+                    if fh.read(64).rstrip(b"\n").decode("utf-8", "replace") == comm:
+                        return True
+            except OSError:
+                continue  # gone since the listing, or hidden (hidepid)
+    return False
+
+
 def accepts(path: Path, timeout: float) -> None:
     """Raise EngineUnreachable unless a daemon accepts a connection on ``path``."""
     _connect(path, time.monotonic() + timeout).close()
