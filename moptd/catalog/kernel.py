@@ -340,8 +340,10 @@ SIGNALS = [
         "gauge",
         "bool",
         "1 when the container engine's daemon answers on its socket (docker, podman: "
-        "GET /_ping and /info; containerd, crio: it accepts a connection); in a bundle, "
-        "which has no socket, 1 on file evidence (docker's daemon.json).",
+        "GET /_ping and /info; containerd, crio: it accepts a connection), or listens "
+        "where moptd may not ask (a socket it may not open, a socket-activated service "
+        "not started); a CLI alone is 0. In a bundle, which has no socket, 1 on file "
+        "evidence (docker's daemon.json).",
         "node",
         "moptd_container_engine_present",
         ("engine",),
