@@ -500,7 +500,7 @@ def _check_options(cls: type[Collector], name: str, options: Mapping[str, Any]) 
         except OptionError as exc:
             where = ("collectors", name, key, *[p for p in exc.key.split(".") if p])
             # "endpoints[0]" names a list item of the option itself
-            if where[3].startswith("["):
+            if len(where) > 3 and where[3].startswith("["):
                 where = (*where[:2], key + where[3], *where[4:])
             raise _KeyProblem(where, 0, exc.message) from None
 

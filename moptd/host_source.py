@@ -57,7 +57,7 @@ class LiveSource:
     def engine_present(
         self, engine: str, binaries: Sequence[str], socket: Path, search_path: str | None
     ) -> bool | None:
-        return any(shutil.which(x, path=search_path) for x in binaries) or socket.exists()
+        return any(shutil.which(x, path=search_path) for x in binaries) or _exists(socket)
 
     def device_nodes(self, dev: Path) -> Mapping[str, os.stat_result | None] | None:
         """Every entry named nvidia* (the collector picks the device names); None as the
@@ -74,6 +74,18 @@ class LiveSource:
     def gpu_identities(self, procfs: Path) -> GpuIdentities:
         index, uuid, version = gpu_identities(procfs)
         return GpuIdentities(index, uuid, version)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        path.stat()
+    except PermissionError:
+        # behind a directory moptd may not search (/run/podman is root's, 0700): something
+        # may be there; asking the socket tells (moptd.collectors.container)
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _stat(path: Path) -> os.stat_result | None:

@@ -89,14 +89,14 @@ def test_daemon_json_malformed_names_file_and_line():
 
 
 def test_containerd_config():
-    assert parse_containerd_config(CONTAINERD_V2, "c.toml") is True
-    assert (
-        parse_containerd_config(
-            'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = true\n', "c.toml"
-        )
-        is True
+    # the runtime and CDI are two facts: CDI alone is no runtime (it needs a spec too)
+    assert parse_containerd_config(CONTAINERD_V2, "c.toml").nvidia_runtime is True
+    cdi_only = parse_containerd_config(
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = true\n', "c.toml"
     )
-    assert parse_containerd_config("version = 2\n", "c.toml") is False
+    assert (cdi_only.nvidia_runtime, cdi_only.cdi) == (False, True)
+    empty = parse_containerd_config("version = 2\n", "c.toml")
+    assert (empty.nvidia_runtime, empty.cdi) == (False, False)
     with pytest.raises(ConfigError, match=r"^c\.toml: not valid TOML"):
         parse_containerd_config("version = = 2", "c.toml")
 
@@ -170,6 +170,9 @@ def _setup(tmp_path: Path, spec_version: str, daemon_json: str) -> CollectorCont
             "docker_socket": str(tmp_path / "no-docker.sock"),
             "containerd_socket": str(tmp_path / "no-containerd.sock"),
             "podman_socket": str(tmp_path / "no-podman.sock"),
+            "crio_socket": str(tmp_path / "no-crio.sock"),
+            "crio_config": str(tmp_path / "no-crio.conf"),
+            "crio_config_dir": str(tmp_path / "no-crio.conf.d"),
             "search_path": str(bin_dir),
         },
         procfs=proc,
@@ -189,11 +192,18 @@ async def test_stale_cdi_spec_after_a_driver_upgrade(tmp_path, caplog):
         await collector.stop()
     spec = str(tmp_path / "etc-cdi/nvidia.yaml")
     broken = str(tmp_path / "run-cdi/broken.json")
+    # a dockerd binary with no daemon answering on the socket is no engine, and says so
     assert _by(batch, "container.engine_present") == {
-        (("engine", "docker"),): 1.0,
+        (("engine", "docker"),): 0.0,
         (("engine", "containerd"),): 0.0,
         (("engine", "podman"),): 0.0,
+        (("engine", "crio"),): 0.0,
     }
+    (status,) = _by(batch, "container.engine_status").values()
+    assert status == (
+        f"no daemon answers: no dockerd runs and nothing listens at {tmp_path}/no-docker.sock"
+        " (a CLI or a socket file alone is no engine)"
+    )
     assert _by(batch, "container.nvidia_runtime_configured") == {
         (("engine", "docker"),): 1.0,
         (("engine", "containerd"),): 0.0,

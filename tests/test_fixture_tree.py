@@ -158,7 +158,7 @@ def stack_collectors(
             global_options={"watch_paths": list(source.disks)},
         )
 
-    engines = ("docker", "containerd", "podman")
+    engines = ("docker", "containerd", "podman", "crio")
     sockets = {f"{e}_socket": str(root / "run" / f"{e}.sock") for e in engines}
     return [
         HostCollector(ctx()),

@@ -374,18 +374,45 @@ SIGNALS = [
         "container.engine_present",
         "gauge",
         "bool",
-        "1 when the container engine's binary or socket is present.",
+        "1 when the container engine's daemon answers on its socket (docker, podman: "
+        "GET /_ping and /info; containerd, crio: it accepts a connection), or listens "
+        "where moptd may not ask (a socket it may not open, a socket-activated service "
+        "not started); a CLI alone is 0. In a bundle, which has no socket, 1 on file "
+        "evidence (docker's daemon.json).",
         "node",
         "moptd_container_engine_present",
+        ("engine",),
+    ),
+    SignalSpec(
+        "container.engine_status",
+        "info",
+        "",
+        "What asking the engine's daemon gave, in words: where it answers, or why not "
+        "(a CLI with no daemon is no engine); for `moptd status`.",
+        "node",
+        None,
         ("engine",),
     ),
     SignalSpec(
         "container.nvidia_runtime_configured",
         "gauge",
         "bool",
-        "1 when the engine's configuration names the nvidia runtime (or enables CDI).",
+        "1 when the engine has the nvidia runtime: the running daemon's /info (docker, "
+        "podman), else its configuration (daemon.json; containerd's config.toml with its "
+        "imports; crio.conf with crio.conf.d).",
         "node",
         "moptd_container_nvidia_runtime_configured",
+        ("engine",),
+    ),
+    SignalSpec(
+        "container.cdi_enabled",
+        "gauge",
+        "bool",
+        "1 when the engine injects CDI devices: a non-empty CDISpecDirs in /info (docker), "
+        "podman always, containerd's enable_cdi (on by default from config version 3), "
+        "CRI-O's cdi_spec_dirs.",
+        "node",
+        "moptd_container_cdi_enabled",
         ("engine",),
     ),
     SignalSpec(

@@ -112,6 +112,7 @@ def print_status(view: dict[str, Any]) -> None:
             f"swappiness {_num(node.get('swappiness'))}"
         )
     _print_driver(console, view.get("driver") or {})
+    _print_containers(console, view.get("containers") or {})
     t = Table(title="Collectors", title_justify="left")
     for col in ("collector", "state", "since", "last run ms", "failures", "reason"):
         t.add_column(col)
@@ -158,6 +159,21 @@ def _print_kernel_only(
 
 def _yes(flag: Any) -> str:
     return "[green]yes[/]" if flag else "[bold red]no[/]"
+
+
+def _print_containers(console: Console, engines: dict[str, dict[str, Any]]) -> None:
+    """Each engine found: a daemon that answers, with its nvidia runtime and CDI, or why
+    it is no engine (a CLI with no daemon)."""
+    for name, e in engines.items():
+        line = f"Container engine {name}: {escape(str(e.get('status', '')))}"
+        if e.get("answers"):
+            if "nvidia_runtime" in e:
+                line += f"; nvidia runtime {_yes(e['nvidia_runtime'])}"
+            if "cdi" in e:
+                line += f", CDI {'on' if e['cdi'] else 'off'}"
+        else:
+            line = f"[dim]{line}[/]"
+        console.print(line)
 
 
 def _print_driver(console: Console, d: dict[str, Any]) -> None:

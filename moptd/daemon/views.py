@@ -132,6 +132,26 @@ def driver_view(store: SignalStore) -> dict[str, Any]:
     }
 
 
+def container_view(store: SignalStore) -> dict[str, dict[str, Any]]:
+    """The container engines the container collector found installed or answering: what
+    asking their daemon gave, in words, and their nvidia runtime and CDI (where known)."""
+    out: dict[str, dict[str, Any]] = {}
+    for labels, series in store.series_for("container.engine_present", "node"):
+        status = store.text("container.engine_status", "node", labels)
+        if status is None:
+            continue  # not installed, nothing asked: not worth a line
+        engine: dict[str, Any] = {"status": status, "answers": series.last() == 1}
+        for signal, key in (
+            ("container.nvidia_runtime_configured", "nvidia_runtime"),
+            ("container.cdi_enabled", "cdi"),
+        ):
+            value = store.latest(signal, "node", labels)
+            if isinstance(value, float):
+                engine[key] = value == 1
+        out[dict(labels).get("engine", "")] = engine
+    return dict(sorted(out.items()))
+
+
 def gpus_view(store: SignalStore) -> list[dict[str, Any]]:
     """Each GPU's identity (subject, index, UUID, name, PCI address) and latest readings."""
     gpus = []
@@ -165,6 +185,7 @@ def status_view(
         "gpus": gpus,
         "node": node,
         "driver": driver_view(store),
+        "containers": container_view(store),
         "units": {f"gpu.{f}": CATALOG[f"gpu.{f}"].unit for f in _GPU_FIELDS}
         | {f"node.{f}": CATALOG[f"node.{f}"].unit for f in _NODE_FIELDS},
         "store": store.stats(),
