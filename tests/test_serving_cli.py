@@ -96,3 +96,27 @@ def test_restart_and_logs_of_the_process_backend(
     log.write_text("".join(f"line {i}\n" for i in range(10)))
     assert main(["serving", "logs", "--config", cfg, "-n", "3"]) == 0
     assert capfd.readouterr().out == "line 7\nline 8\nline 9\n"
+
+
+def test_status_json_a_down_endpoint_exits_1_as_the_text_does(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = config(
+        tmp_path,
+        f"    endpoints:\n      - {{name: a, url: '{endpoint}'}}\n"
+        "      - {name: b, url: 'http://127.0.0.1:9'}\n",
+    )
+    assert main(["serving", "status", "--config", cfg, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [e["up"] for e in report["endpoints"]] == [True, False]
+
+
+def test_status_json_with_no_endpoint_is_one_json_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "moptd.yaml"
+    path.write_text(f"state_dir: {tmp_path}\n")
+    assert main(["serving", "status", "--config", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["endpoints"] == []
+    assert "no serving endpoint" in report["note"]

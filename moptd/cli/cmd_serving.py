@@ -87,17 +87,21 @@ def cmd_status(args: argparse.Namespace) -> int:
             {"name": ep.name, "url": ep.url, "engine": ep.engine, "probes": ["health", "models"]}
         )
     if not endpoints:
-        print("no serving endpoint configured (collectors.serving.endpoints / .managed)")
+        note = "no serving endpoint configured (collectors.serving.endpoints / .managed)"
+        if args.json:  # one JSON object, whatever there is to say
+            print(json.dumps({"endpoints": [], "note": note}, indent=2))
+        else:
+            print(note)
         return 0
     report = asyncio.run(_scrape_once(endpoints, options, state_dir))
     if managed is not None:
         report["managed"] = _managed_state(managed, state_dir)
+    down = [e for e in report["endpoints"] if not e.get("up")]
     if args.json:
         print(json.dumps(report, indent=2, default=str))
-        return 0
-    _print_status(report)
-    down = [e for e in report["endpoints"] if not e.get("up")]
-    return 1 if down else 0
+    else:
+        _print_status(report)
+    return 1 if down else 0  # the same status with --json (docs/cli.md)
 
 
 async def _scrape_once(
