@@ -232,7 +232,9 @@ class Daemon:
             try:
                 await CappedSite(runner, app[CAP], host=host, port=port, ssl=tls).start()
             except OSError as exc:
-                raise ListenError(listen_problem(cfg, "exporter.listen", exc)) from exc
+                raise ListenError(
+                    listen_problem(cfg, "exporter.listen", cfg.exporter_listen, exc)
+                ) from exc
             log.info(
                 "exporter listening on %s://%s/metrics%s",
                 "https" if tls else "http",
@@ -270,7 +272,7 @@ class Daemon:
             try:
                 await CappedSite(api, tcp_cap, host=host, port=port).start()
             except OSError as exc:
-                raise ListenError(listen_problem(cfg, "api.listen", exc)) from exc
+                raise ListenError(listen_problem(cfg, "api.listen", cfg.api_listen, exc)) from exc
             log.info("API listening on http://%s/v1/", cfg.api_listen)
 
     async def _shutdown(self) -> None:
@@ -283,14 +285,13 @@ class ListenError(Exception):
     """moptd cannot listen on a configured TCP address; the text says which and why."""
 
 
-def listen_problem(cfg: Config, key: str, exc: OSError) -> str:
+def listen_problem(cfg: Config, key: str, value: str, exc: OSError) -> str:
     """What stops moptd from listening, for the log: the address, the configuration key
     and where it was set, and, when the port is taken, who holds it."""
-    value = cfg.exporter_listen if key == "exporter.listen" else cfg.api_listen
     where = "the default" if cfg.source == "<defaults>" else f"set in {cfg.source}"
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     text = f"cannot listen on {value} ({key}, {where}): {reason}"
-    if exc.errno == errno.EADDRINUSE and value:
+    if exc.errno == errno.EADDRINUSE:
         _, port = split_listen(value)
         text += f"; the port is {describe_holders(port)}"
         text += f". Stop that process, or set {key} to a free host:port"

@@ -9,23 +9,16 @@ holder is unknown, and the message says so rather than guessing.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from moptd.proc.info import ProcessInfo, process_info
 
 _LISTEN = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp prints it
 
 
-@dataclass(frozen=True, slots=True)
-class PortHolder:
-    pid: int
-    comm: str
-    cmdline: str
-
-    @property
-    def is_moptd(self) -> bool:
-        args = self.cmdline.split()
-        named = any(os.path.basename(a) == "moptd" for a in args[:3])
-        return self.comm == "moptd" or named or "-m moptd" in self.cmdline
+def is_moptd(p: ProcessInfo) -> bool:
+    named = any(os.path.basename(a) == "moptd" for a in p.cmdline.split()[:3])
+    return p.name == "moptd" or named or "-m moptd" in p.cmdline
 
 
 def listening_inodes(text: str, port: int) -> set[int]:
@@ -45,7 +38,7 @@ def listening_inodes(text: str, port: int) -> set[int]:
     return inodes
 
 
-def port_holders(port: int, proc: Path = Path("/proc")) -> list[PortHolder]:
+def port_holders(port: int, proc: Path = Path("/proc")) -> list[ProcessInfo]:
     """Processes with a descriptor on a socket listening on `port` (any address)."""
     inodes: set[int] = set()
     for name in ("tcp", "tcp6"):
@@ -56,7 +49,7 @@ def port_holders(port: int, proc: Path = Path("/proc")) -> list[PortHolder]:
     if not inodes:
         return []
     wanted = {f"socket:[{i}]" for i in inodes}
-    holders: list[PortHolder] = []
+    holders: list[ProcessInfo] = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -70,20 +63,11 @@ def port_holders(port: int, proc: Path = Path("/proc")) -> list[PortHolder]:
             except OSError:
                 continue
             if target in wanted:
-                holders.append(_holder(entry))
+                holder = process_info(int(entry.name), proc)
+                if holder is not None:  # gone meanwhile
+                    holders.append(holder)
                 break
     return holders
-
-
-def _holder(entry: Path) -> PortHolder:
-    def read(name: str) -> str:
-        try:
-            return (entry / name).read_bytes()[:4096].decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    cmdline = " ".join(read("cmdline").split("\0")).strip()
-    return PortHolder(int(entry.name), read("comm").strip(), cmdline)
 
 
 def describe_holders(port: int, proc: Path = Path("/proc")) -> str:
@@ -91,8 +75,8 @@ def describe_holders(port: int, proc: Path = Path("/proc")) -> str:
     holders = port_holders(port, proc)
     if not holders:
         return "held by a process this user cannot see (run as root to name it: ss -ltnp)"
-    parts = [f"pid {h.pid} ({h.cmdline or h.comm})" for h in holders[:3]]
+    parts = [f"pid {h.pid} ({h.cmdline or h.name})" for h in holders[:3]]
     text = "held by " + ", ".join(parts)
-    if any(h.is_moptd for h in holders):
+    if any(is_moptd(h) for h in holders):
         text += ": another moptd is running"
     return text
