@@ -615,20 +615,26 @@ def _start_dockerd(root: Path, *extra: str) -> subprocess.Popen[bytes]:
     ]  # fmt: skip
     with (root / "dockerd.log").open("wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
+    return _answering(proc, sock, root / "dockerd.log", "dockerd", 60.0, 0.3)
+
+
+def _answering(
+    proc: subprocess.Popen[bytes], sock: Path, log: Path, what: str, timeout: float, every: float
+) -> subprocess.Popen[bytes]:
+    """The engine once its API answers /_ping; stopped, and the test skipped (failed in CI),
+    when it exits or does not answer in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if engine_socket.get(sock, "/_ping", 1.0) == b"OK":
                 return proc
         except engine_socket.EngineUnreachable:
-            time.sleep(0.3)
+            time.sleep(every)
     _stop(proc)
-    tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]
+    tail = log.read_text(errors="replace")[-1500:]
     if os.environ.get("MOPTD_REQUIRE_TOOLS"):
-        pytest.fail(f"dockerd did not start:\n{tail}")
-    pytest.skip(f"dockerd cannot start here:\n{tail}")
+        pytest.fail(f"{what} did not start:\n{tail}")
+    pytest.skip(f"{what} cannot start here:\n{tail}")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -737,18 +743,7 @@ def _start_podman(root: Path) -> subprocess.Popen[bytes]:
     ]  # fmt: skip
     with (root / "podman.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if engine_socket.get(sock, "/_ping", 1.0) == b"OK":
-                return proc
-        except engine_socket.EngineUnreachable:
-            time.sleep(0.2)
-    _stop(proc)
-    tail = (root / "podman.log").read_text(errors="replace")[-1500:]
-    if os.environ.get("MOPTD_REQUIRE_TOOLS"):
-        pytest.fail(f"podman system service did not start:\n{tail}")
-    pytest.skip(f"podman system service cannot start here:\n{tail}")
+    return _answering(proc, sock, root / "podman.log", "podman system service", 30.0, 0.2)
 
 
 @pytest.mark.slow

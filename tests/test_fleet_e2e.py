@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -44,6 +44,7 @@ import yaml
 from tests.conftest import FIXTURES, REPO, require_tool
 from tests.daemon_proc import DaemonProcess, free_port
 from tests.prometheus_proc import PrometheusProcess
+from tests.test_prometheus_e2e import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -156,21 +157,6 @@ def alertmanager_config(webhook: Webhook) -> dict[str, Any]:
     return cfg
 
 
-def wait_until(what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except OSError as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})"[:4000])
-
-
 def kmsg_line(source: Path, bus: str, tag: str) -> str:
     """The first NVRM Xid line of a real capture, its PCI address replaced by this run's
     own (no GPU has it) and a tag appended, as tests/fixtures/kmsg-restart/SOURCE.md says."""
@@ -279,7 +265,7 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
             },
         )
         procs.append(prom)
-        wait_until(
+        wait_for(
             "Prometheus to scrape all three hosts",
             lambda: len(prom.query('up{job="moptd"} == 1')["data"]["result"]) == 3,
             60,
@@ -308,7 +294,7 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
                 if n["status"] == "firing" and n["groupLabels"].get("instance") == targets[0]
             ]
 
-        pages = wait_until("the page for h1", h1_page, 60)
+        pages = wait_for("the page for h1", h1_page, 60)
         alerts = [a for n in pages for a in n["alerts"]]
         lost = [
             a
@@ -332,7 +318,7 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
                 if n["status"] == "firing" and n["groupLabels"].get("instance") == targets[1]
             ]
 
-        h2_pages = wait_until("the page for h2", h2_page, 150)
+        h2_pages = wait_for("the page for h2", h2_page, 150)
         h2_alerts = [a for n in h2_pages for a in n["alerts"]]
         assert any(
             a["labels"].get("code") == "SERVING_DOWN"
@@ -358,7 +344,7 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
                 for n in webhook.notifications
             )
 
-        wait_until("h2's page to resolve", h2_resolved, 180)
+        wait_for("h2's page to resolve", h2_resolved, 180)
 
         # Meanwhile the Xid 13 warning on h1 fired (for: 2m) and was inhibited by GPU_LOST.
         def inhibited() -> list[dict[str, Any]]:
@@ -374,7 +360,7 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
                 and a["status"]["inhibitedBy"]
             ]
 
-        wait_until("the Xid 13 warning to reach Alertmanager, inhibited", inhibited, 150)
+        wait_for("the Xid 13 warning to reach Alertmanager, inhibited", inhibited, 150)
         delivered = [
             a
             for n in webhook.notifications

@@ -49,6 +49,15 @@ def config(tmp_path: Path, serving: str) -> str:
     return str(path)
 
 
+def one_up_one_down(tmp_path: Path, endpoint: str) -> str:
+    """A configuration with the test's endpoint (a) and one nothing listens on (b)."""
+    return config(
+        tmp_path,
+        f"    endpoints:\n      - {{name: a, url: '{endpoint}'}}\n"
+        "      - {name: b, url: 'http://127.0.0.1:9'}\n",
+    )
+
+
 def test_status_json(tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path, f"    endpoints:\n      - {{name: a, url: '{endpoint}'}}\n")
     assert main(["serving", "status", "--config", cfg, "--json"]) == 0
@@ -63,11 +72,7 @@ def test_status_json(tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixtur
 def test_status_text_reports_a_down_endpoint(
     tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = config(
-        tmp_path,
-        f"    endpoints:\n      - {{name: a, url: '{endpoint}'}}\n"
-        "      - {name: b, url: 'http://127.0.0.1:9'}\n",
-    )
+    cfg = one_up_one_down(tmp_path, endpoint)
     assert main(["serving", "status", "--config", cfg]) == 1
     out = capsys.readouterr().out
     assert "a  " in out
@@ -101,11 +106,7 @@ def test_restart_and_logs_of_the_process_backend(
 def test_status_json_a_down_endpoint_exits_1_as_the_text_does(
     tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = config(
-        tmp_path,
-        f"    endpoints:\n      - {{name: a, url: '{endpoint}'}}\n"
-        "      - {name: b, url: 'http://127.0.0.1:9'}\n",
-    )
+    cfg = one_up_one_down(tmp_path, endpoint)
     assert main(["serving", "status", "--config", cfg, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert [e["up"] for e in report["endpoints"]] == [True, False]
