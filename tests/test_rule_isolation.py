@@ -126,7 +126,7 @@ def test_an_error_is_never_reused_and_a_recovery_shows_at_once(rules: RuleSet) -
         return by_key(evaluate(rules, store, t, reuse=reuse))[("hot-overflows", "gpu:0")].status
 
     assert hot_status(1, 95.0) == "error"
-    kept = {(r.rule.id, r.subject) for r, _ in reuse.kept.values()}
+    kept = {(k.result.rule.id, k.result.subject) for k in reuse.kept.values()}
     assert ("hot-overflows", "gpu:0") not in kept
     assert ("overflows", "node") not in kept
     assert ("loaded", "node") in kept  # an ok result is kept as before

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moptd.diagnose.expr import Compiled, Env, Expr, truth
+from moptd.diagnose.expr import Compiled, Env, Expr, Stamp, truth
 from moptd.diagnose.loader import PLACEHOLDER
 from moptd.diagnose.model import Branch, Rule, RuleSet, Verdict
 from moptd.observations import subject_id, subject_kind
@@ -105,20 +105,35 @@ def subjects_for(scope: str, store: SignalStore) -> list[tuple[str, str | None]]
 Reads = list[tuple[Compiled, object]]
 
 
+@dataclass(slots=True)
+class Kept:
+    """One result of the last pass, with what its walk read."""
+
+    result: Result
+    reads: Reads
+    stamp: Stamp  # what those reads depended on
+    missing: frozenset[str]
+    traced: bool  # the result carries its decision path and evidence
+
+
 class Reuse:
-    """The untraced results of the last pass, each with every signal read it made and what
-    the read returned, to be handed to the next pass.
+    """The results of the last pass, each with every signal read it made and what the read
+    returned, to be handed to the next pass.
 
     A rule's walk is a function of the values its reads return and of nothing else (the
     time, the store and the missing namespaces reach it only through reads). So when each
     read the last walk made returns the same value now, the walk would take the same
     branches and make the same reads: its result is the last one. In a steady daemon
-    nearly every rule on every subject is such a case, and re-reading (memoised across
-    rules) costs far less than walking the conditions again."""
+    nearly every rule on every subject is such a case. Cheapest first: where the store
+    generations the reads depended on are the same and the clock has not passed the time
+    until which they hold (expr.Stamp), the reads are not even made again; else they are
+    made again (memoised across rules) and compared, which still costs far less than
+    walking the conditions."""
 
     def __init__(self) -> None:
-        self.kept: dict[tuple[int, str], tuple[Result, Reads]] = {}
+        self.kept: dict[tuple[int, str], Kept] = {}
         self.reused = 0  # results taken from the last pass, for tests and benchmarks
+        self.unread = 0  # of those, taken without reading again (the stamp held)
 
 
 def _unchanged(reads: Reads, env: Env) -> bool:
@@ -150,7 +165,7 @@ def evaluate(
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
     kept = reuse.kept if reuse is not None else {}
-    keep: dict[tuple[int, str], tuple[Result, Reads]] = {}
+    keep: dict[tuple[int, str], Kept] = {}
     out: list[Result] = []
     for rule in rule_list:
         if not rule.enabled:
@@ -164,31 +179,64 @@ def evaluate(
         for env in scope_envs:
             key = (id(rule), env.subject)
             last = kept.get(key)
-            reads: Reads | None
+            reads: Reads | None = None
+            stamp: Stamp | None = None
+            res: Result | None = None
+            was_traced = False
             if (
                 reuse is not None
                 and last is not None
-                and last[0].rule is rule  # an id can be reused after a reload
-                and last[0].pci_bus_id == env.pci_bus_id
-                and _unchanged(last[1], env)
+                and last.result.rule is rule  # an id can be reused after a reload
+                and last.result.pci_bus_id == env.pci_bus_id
+                and last.missing == missing
             ):
-                res, reads = last
-                reuse.reused += 1
-            else:
-                reads = env.reads = [] if reuse is not None else None
+                if last.stamp.holds(store, now):
+                    res, reads, stamp = last.result, last.reads, last.stamp
+                    reuse.unread += 1
+                else:
+                    env.stamp = Stamp()
+                    try:
+                        if _unchanged(last.reads, env):
+                            res, reads, stamp = last.result, last.reads, env.stamp
+                    finally:
+                        env.stamp = None
+                if res is not None:
+                    reuse.reused += 1
+                    was_traced = last.traced
+            if res is None:
+                if reuse is not None:
+                    reads = env.reads = []
+                    stamp = env.stamp = Stamp()
                 try:
                     res = _isolated(rule, env, trace=False)
                 finally:
                     env.reads = None
+                    env.stamp = None
             if res.status == "error":
                 # Never kept for reuse: it runs again each pass, so a recovery shows at once
                 # and an exception that does not follow from the reads (RecursionError at
                 # another stack depth) is not frozen in.
-                pass
-            elif res.status == "match" or (traced is not None and traced(rule.id, env.subject)):
-                res = _isolated(rule, env)  # again, recording the path (reads are memoised)
-            elif reads is not None:
-                keep[key] = (res, reads)
+                out.append(res)
+                continue
+            if not was_traced and (
+                res.status == "match" or (traced is not None and traced(rule.id, env.subject))
+            ):
+                # again, recording the path and the evidence (reads are memoised), and what
+                # that read too: a match whose reads stand is taken whole next pass
+                if reuse is not None:
+                    reads = env.reads = []
+                    stamp = env.stamp = Stamp()
+                try:
+                    res = _isolated(rule, env)
+                finally:
+                    env.reads = None
+                    env.stamp = None
+                was_traced = True
+                if res.status == "error":
+                    out.append(res)
+                    continue
+            if reads is not None and stamp is not None:
+                keep[key] = Kept(res, reads, stamp, missing, was_traced)
             out.append(res)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here

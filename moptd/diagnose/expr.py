@@ -73,7 +73,6 @@ _TOKEN = re.compile(
     r"|\S"
 )
 _READ_IDS: dict[tuple[object, ...], int] = {}  # distinct signal reads, for the per-pass memo
-_UNSET = object()
 
 
 class ExprError(ValueError):
@@ -94,7 +93,7 @@ class Env:
     now: float
     pci_bus_id: str | None = None
     missing: frozenset[str] = frozenset()  # namespaces with no evidence source at all
-    stale_after: float = 300.0
+    stale_after: float = 300.0  # longer than moptd.store.series.REVIVED_AFTER (see Stamp)
     trace: list[tuple[str, object]] | None = None
     fields: Mapping[str, object] | None = None  # inside count(..., where)
     # Per-tick results of signal reads, shared by every rule: conditions and evidence
@@ -106,6 +105,47 @@ class Env:
     # read as of then, so a snapshot holds until newer evidence of its kind (a dump mixed
     # with a log from later). None (the daemon): every series is read as of ``now``.
     evidence_at: Mapping[str, float] | None = None
+    # With the engine's Reuse: what the reads so far depend on, so the next pass can tell
+    # without reading again that they would return the same (see Stamp).
+    stamp: Stamp | None = None
+
+
+class Stamp:
+    """What a rule's reads on one subject depended on: the store generation of each signal
+    and event stream they read, and the latest time until which the time alone cannot
+    change what they returned. While every generation is the same and the clock has not
+    passed ``until``, every read would return what it returned, so the engine takes the
+    last result without reading again (a read it cannot bound sets ``until`` to -inf and
+    the engine reads again).
+
+    Bounds: a point read (last, lowest, highest, present, absent) changes only with a
+    new value, a new or departed series, a series seen again after a silence (the
+    generation: moptd.store.series.REVIVED_AFTER, shorter than ``stale_after``) or when a
+    series turns stale (``until`` is the earliest time one does). A count changes with
+    a new event in its stream (the stream's count of appended events) or when its oldest
+    counted event leaves the window. A window function holds while the window has nothing
+    in it or only the value carried in from before it (Series.constant_until); points
+    inside the window move it with the clock: unbounded."""
+
+    __slots__ = ("series", "streams", "until")
+
+    def __init__(self) -> None:
+        self.series: dict[str, int] = {}
+        self.streams: dict[str, int] = {}
+        self.until = math.inf
+
+    def holds(self, store: SignalStore, now: float) -> bool:
+        if now > self.until:
+            return False
+        gen = store.generation
+        for name, g in self.series.items():
+            if gen(name) != g:
+                return False
+        appended = store.stream_appended
+        for name, g in self.streams.items():
+            if appended(name) != g:
+                return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,15 +572,26 @@ class Compiler:
             return float(n)
 
         def run(env: Env) -> object:
+            until = math.inf
             if namespace in env.missing:
                 result: object = None
             else:
-                got = sliding.count(env, env.store.events(stream)) if INCREMENTAL_COUNT else None
-                result = plain(env) if got is None else got
+                log = env.store.events(stream)
+                got = sliding.count(env, log) if INCREMENTAL_COUNT else None
+                if got is None:
+                    result, until = plain(env), -math.inf
+                else:
+                    result = got
+                    until = sliding.unchanged_until(env, env.store.retention)
             if env.trace is not None:
                 env.trace.append((label, result))
             if env.reads is not None:
                 env.reads.append((run, result))
+            stamp = env.stamp
+            if stamp is not None:
+                stamp.streams[stream] = env.store.stream_appended(stream)
+                if until < stamp.until:
+                    stamp.until = until
             return result
 
         return run
@@ -590,6 +641,8 @@ class Compiler:
                 env.trace.append((label, result))
             if env.reads is not None:
                 env.reads.append((run, result))
+            if env.stamp is not None:
+                env.stamp.until = -math.inf  # the newest event in a moving window
             return result
 
         return run
@@ -629,15 +682,7 @@ class Compiler:
             None if point_read or fname == "quantile" else getattr(Series, fname)
         )
 
-        def one(env: Env, series: Series) -> float | None:
-            now = env.now
-            held = env.evidence_at
-            if held is not None:
-                now = min(now, held.get(namespace, now))
-            if point_read:
-                if series.last_seen < now - env.stale_after:
-                    return None
-                return series.last()
+        def one(series: Series, now: float) -> float | None:
             if method is None:
                 return series.quantile(q, now, window)
             r = method(series, now, window)
@@ -653,27 +698,52 @@ class Compiler:
         def run(env: Env) -> object:
             memo = env.memo
             if memo is None:
-                result = compute(env)
+                result, until = compute(env)
             else:
                 key = (read_id, env.subject)
-                result = memo.get(key, _UNSET)
-                if result is _UNSET:
-                    result = memo[key] = compute(env)
+                got = memo.get(key)
+                if got is None:
+                    got = memo[key] = compute(env)
+                result, until = got  # type: ignore[misc]
             if env.trace is not None:
                 env.trace.append((label, result))
             if env.reads is not None:
                 env.reads.append((run, result))
+            stamp = env.stamp
+            if stamp is not None:
+                stamp.series[name] = env.store.generation(name)
+                if until < stamp.until:
+                    stamp.until = until
             return result
 
-        def compute(env: Env) -> object:
+        def compute(env: Env) -> tuple[object, float]:
+            """The value, and the time until which the clock alone cannot change it."""
             values: list[float] = []
             text: object = None
             store = env.store
+            until = math.inf
+            now = env.now
+            held = env.evidence_at
+            if held is not None:
+                now = min(now, held.get(namespace, now))
+            stale_after = env.stale_after
+            fresh_from = now - stale_after
             for subj in subjects(env):
                 for lbls, series in store.labelled(name, subj).items():
                     if want and not all(kv in lbls for kv in want):
                         continue
-                    v = one(env, series)
+                    if point_read:
+                        seen = series.last_seen
+                        if seen < fresh_from:
+                            continue  # stale until seen again, which bumps the generation
+                        if seen + stale_after < until:
+                            until = seen + stale_after
+                        v = series.last()
+                    else:
+                        v = one(series, now)
+                        bound = series.constant_until(now, window)
+                        if bound < until:
+                            until = bound
                     if v is not None and v == v:  # v != v: NaN
                         values.append(v)
                 if wants_text and not values:
@@ -693,7 +763,7 @@ class Compiler:
                 result = min(values)
             else:
                 result = max(values)
-            return result
+            return result, until
 
         return run
 
@@ -772,6 +842,23 @@ class _SlidingCount:
         if not mine:
             return float(len(by_pci))
         return float(len({seq for _, seq in mine} | {seq for _, seq in by_pci}))
+
+    def unchanged_until(self, env: Env, retention: float) -> float:
+        """After count(): the latest time until which, with no new event, the count stays
+        what it is (its oldest counted event leaves the window, or the store's retention,
+        after that; -inf while events from the future wait to be filed)."""
+        if self.next_t != math.inf:
+            return -math.inf
+        if self.per_subject:
+            queues = [self.matches.get(env.subject)]
+            if env.pci_bus_id:
+                queues.append(self.matches.get(env.pci_bus_id))
+        else:
+            queues = [self.matches.get("*")]
+        oldest = min((q[0][0] for q in queues if q), default=None)
+        if oldest is None:
+            return math.inf
+        return oldest + min(self.window, retention)
 
     def _advance(self, env: Env, log: EventLog, now: float) -> None:
         # Events from the future (a replayed bundle is loaded whole) wait, unread, until

@@ -131,6 +131,9 @@ class SignalStore:
         self._known: list[str] | None = None
         self._last_evict = -math.inf
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
+        # signal -> bumped whenever what a point read of it returns may change: a new
+        # value, a new or departed series, a text value (moptd.diagnose.expr.Stamp)
+        self._generation: dict[str, int] = {}
         # Called with each group of events as it is added (the findings database keeps
         # every kernel/NVML event); a callback must be quick and must not raise.
         self.event_listeners: list[Callable[[list[Event]], None]] = []
@@ -181,10 +184,13 @@ class SignalStore:
         key = (s.signal, s.subject, s.labels)
         v: Value = s.value
         if isinstance(v, str) or v is None:
-            if key not in self._text:
+            old = self._text.get(key)
+            if old is None:
                 if not self._admit(key, source):
                     return False
                 self._known = None
+            if old is None or old[1] != v:
+                self._bump(s.signal)
             self._text[key] = (t, v)
             return True
         series = self._series.get(key)
@@ -195,8 +201,13 @@ class SignalStore:
             self._index.setdefault((s.signal, s.subject), {})[s.labels] = series
             self._signal_subjects.clear()
             self._known = None
-        series.append(t, float(v))
+            self._bump(s.signal)
+        if series.append(t, float(v)):
+            self._bump(s.signal)
         return True
+
+    def _bump(self, signal: str) -> None:
+        self._generation[signal] = self._generation.get(signal, 0) + 1
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
@@ -219,6 +230,7 @@ class SignalStore:
         horizon = now - self.retention
         for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
             del self._series[key]
+            self._bump(key[0])
             self._release(key)
             per_subject = self._index.get((key[0], key[1]))
             if per_subject is not None:
@@ -230,6 +242,7 @@ class SignalStore:
             s.evict_before(horizon)
         for key in [k for k, (t, _) in self._text.items() if t < horizon]:
             del self._text[key]
+            self._bump(key[0])
             self._release(key)
         for log in self._events.values():
             log.evict_before(horizon)
@@ -296,6 +309,15 @@ class SignalStore:
             cached = sorted({subject for (sig, subject) in self._index if sig == signal})
             self._signal_subjects[signal] = cached
         return list(cached)
+
+    def generation(self, signal: str) -> int:
+        """Changes whenever a point read of the signal may return something else."""
+        return self._generation.get(signal, 0)
+
+    def stream_appended(self, stream: str) -> int:
+        """Events ever appended to a stream (0 for one never written)."""
+        log = self._events.get(stream)
+        return 0 if log is None else log.appended
 
     def streams(self) -> list[str]:
         return list(self._events)

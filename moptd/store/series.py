@@ -22,6 +22,10 @@ from itertools import islice, repeat
 from moptd.store.sliding import SlidingAggregate, SlidingExtreme, SlidingSums
 
 SLIDING_FROM = 64  # points in a window from which min, max and slope are kept incrementally
+# An append after a silence this long counts as new even with the same value: a reader that
+# took the series for stale (the rule engine does after 300 s: moptd.diagnose.expr.Stamp)
+# must learn that it is back.
+REVIVED_AFTER = 60.0
 
 
 class Series:
@@ -40,20 +44,24 @@ class Series:
 
     # --- writing ---
 
-    def append(self, t: float, v: float) -> None:
+    def append(self, t: float, v: float) -> bool:
+        """Record a value seen at t; True when it is a new point (the value changed) or
+        the series comes back after REVIVED_AFTER seconds unseen."""
         n = len(self._t)
         if n > self._start:
             if t < self._t[-1]:
-                return  # out of order: the store is append-only
+                return False  # out of order: the store is append-only
             if v == self._v[-1] or (math.isnan(v) and math.isnan(self._v[-1])):
+                revived = t - self.last_seen > REVIVED_AFTER
                 self.last_seen = max(self.last_seen, t)
-                return
+                return revived
         self._t.append(t)
         self._v.append(v)
         self.last_seen = t
         if n + 1 - self._start > self.max_points:
             self._start += 1
             self._compact()
+        return True
 
     def evict_before(self, t: float) -> None:
         """Forget points older than t, but keep the one in effect at t (it still holds)."""
@@ -136,12 +144,28 @@ class Series:
         durs.append(max(0.0, end - ts[-1]))
         return vs, durs, max(0.0, end - ts[-1]) + (ts[-1] - ts[0])
 
+    def constant_until(self, now: float, window: float) -> float:
+        """The latest time until which, with no new point (and no revival: REVIVED_AFTER),
+        every window function over (now - window, now] returns what it returns at `now`;
+        -inf where points inside the window make it move with the clock."""
+        if len(self._t) == self._start:
+            return math.inf  # nothing yet: None until a first point
+        start = now - window
+        if self.last_seen < start:
+            # None until seen again, and an append after so long a silence is new
+            return math.inf if window >= REVIVED_AFTER else -math.inf
+        if self._t[-1] <= start:
+            # only the value carried in: the same until the window passes the time it
+            # was last seen (at that instant rate and avg see no time in the window)
+            return math.nextafter(self.last_seen + window, -math.inf)
+        return -math.inf
+
     def avg(self, now: float, window: float) -> float | None:
         got = self._durations(now, window)
         if got is None:
             return None
         vs, durs, total = got
-        if total == 0:
+        if total == 0 or len(vs) == 1:  # one value: itself, not v * d / d rounded
             return sum(vs) / len(vs)
         return float(sum(map(operator.mul, vs, durs))) / total
 
