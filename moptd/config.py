@@ -157,6 +157,15 @@ SCHEMA: dict[str, Any] = {
                   "id. null: the shipped rules, then /etc/moptd/rules.d when it exists."),
         "interval": ((str, int, float), "1s", "Time between rule evaluations: 100ms to 1d."),
     },
+    "versions": {
+        "site_packages": (
+            (list,),
+            [],
+            "site-packages directories of serving environments for `moptd doctor`'s versions "
+            "view and `moptd record`'s versions.json, beside the managed engine's own (found "
+            "from its command); read as files, nothing is imported from them.",
+        ),
+    },
     "host": {
         "watch_paths": (
             (list,),

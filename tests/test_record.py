@@ -38,6 +38,7 @@ SPEC_FILES = {  # docs/bundle.md: every file a recorder may write
     "host/listening.txt",
     "container/daemon.json",
     "container/toolkit_version.txt",
+    "versions.json",
 }
 
 

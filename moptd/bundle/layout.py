@@ -44,9 +44,10 @@ SERVING_DIR = {
     "python-log": "app",
 }
 SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
+VERSIONS = "versions.json"  # moptd record's version-lock record (moptd/serving/version_lock.py)
 SINGLE = frozenset(
     {rel for rel, _ in FILES}
-    | {DF, DEV_NODES, DKMS, TOOLKIT, MODPROBE, SAMPLES, "host/listening.txt"}
+    | {DF, DEV_NODES, DKMS, TOOLKIT, MODPROBE, SAMPLES, "host/listening.txt", VERSIONS}
 )
 # what a bundle may hold that is not evidence: kept, never read, never an error
 NOT_EVIDENCE = re.compile(r"(?:[^/]+\.md|expected\.yaml|\.gitkeep|\.gitattributes)$")

@@ -35,9 +35,11 @@ from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
 from moptd.gpu.recorded import RecordingError, SampleRows, open_rows, read_samples
 from moptd.kernel.attribution import records_to_events
 from moptd.kernel.logparse import KernelRecord, parse_kernel_log
+from moptd.located import LocatedError
 from moptd.observations import Batch
 from moptd.proc.pci import normalize_pci
 from moptd.serving.bundle import ServingBundleError, read_serving_dir
+from moptd.serving.version_lock import observations, read_record
 
 
 def read_bundle(path: Path) -> Timeline:
@@ -71,6 +73,7 @@ def _read(root: Path, shown: Path) -> Timeline:
     _read_kernel(root, tl, identities, first, start)
     at = first if first is not None else 0.0
     tl.observations.extend((at, name, batch) for name, batch in stack)
+    _read_versions(root / "versions.json", tl, at)
     if first is None:
         first = min((e.t for e in tl.events), default=0.0)
     tl.observations = [(first if math.isnan(t) else t, s, b) for t, s, b in tl.observations]
@@ -78,6 +81,20 @@ def _read(root: Path, shown: Path) -> Timeline:
     tl.observations.sort(key=lambda o: o[0])
     tl.events.sort(key=lambda e: e.t)
     return tl
+
+
+def _read_versions(path: Path, tl: Timeline, at: float) -> None:
+    """versions.json: the record in ``meta["versions"]`` (replay's "versions:" line and
+    --diff), its observations at the first step, as doctor feeds them live."""
+    if not path.is_file():
+        tl.missing_namespaces.add("versions")
+        return
+    try:
+        doc = read_record(path)
+    except LocatedError as e:
+        raise BundleError(e.file, e.line, e.message) from None
+    tl.meta["versions"] = doc
+    tl.observations.append((at, "versions", observations(doc)))
 
 
 def _untimed(t: float) -> bool:

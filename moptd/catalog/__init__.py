@@ -7,7 +7,7 @@ declares its signals in its own module; ``CATALOG`` gathers them.
 
 from __future__ import annotations
 
-from moptd.catalog import daemon, gpu, host, kernel, serving
+from moptd.catalog import cuda, daemon, gpu, host, kernel, serving
 from moptd.catalog.spec import (
     BUCKET_LABEL,
     HISTOGRAM_SUM,
@@ -30,4 +30,13 @@ __all__ = [
 ]
 
 # One module per domain; a new domain is a module with SIGNALS and one entry here.
-CATALOG = Catalog([*daemon.SIGNALS, *gpu.SIGNALS, *host.SIGNALS, *kernel.SIGNALS, *serving.SIGNALS])
+CATALOG = Catalog(
+    [
+        *daemon.SIGNALS,
+        *gpu.SIGNALS,
+        *host.SIGNALS,
+        *kernel.SIGNALS,
+        *serving.SIGNALS,
+        *cuda.SIGNALS,
+    ]
+)

@@ -87,7 +87,11 @@ async def run_checks(config: Any) -> list[Check]:
         except SpecError as exc:
             problems.append(Check("serving configuration", "critical", str(exc)))
     store, health = await _collect_once(config)
+    from moptd.cli import doctor_versions  # before the rules: they read its observations
+
+    versions = await doctor_versions.observe(store, config, managed)
     checks = [*problems, *collector_checks(health), *finding_checks(store, config.rule_paths)]
+    checks.extend(versions)
     checks.extend(await asyncio.to_thread(host_checks, store, config))
     checks.extend(await asyncio.to_thread(serving_checks, managed, store))
     return checks

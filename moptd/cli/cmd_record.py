@@ -58,8 +58,20 @@ def cmd_record(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"moptd record: {config.source}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from moptd.cli.doctor_versions import configured_site_packages
+
+    try:
+        site_packages = configured_site_packages(config)
+    except ValueError as exc:
+        print(f"moptd record: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     opts = RecordOptions(
-        duration, interval, procfs=config.procfs, serving=serving, extra_notes=args.note
+        duration,
+        interval,
+        procfs=config.procfs,
+        serving=serving,
+        extra_notes=args.note,
+        site_packages=site_packages,
     )
     out = Path(args.out)
     with _progress(args.quiet) as progress:

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 # as `moptd doctor`: the worst finding's severity; 3: an input that could not be used
 EXIT_BY_SEVERITY = {"critical": 2, "warning": 1}
@@ -28,9 +29,11 @@ examples:
   moptd replay dmesg.txt nvidia-smi-q.txt vllm.log
   journalctl -k -b | moptd replay -
   moptd replay bundle.tar.gz --json
+  moptd replay --diff before.tar.gz after.tar.gz
 
 exit status: 0 no warning or critical finding, 1 the worst is a warning, 2 the worst is
-critical, 3 an input (or a --rules file) could not be used at all.
+critical, 3 an input (or a --rules file) could not be used at all. With --diff: 0 nothing
+changed, 1 versions or findings changed, 3 an input could not be used.
 """
 
 
@@ -51,6 +54,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     p.add_argument(
+        "--diff",
+        action="store_true",
+        help="compare two inputs A B: versions (versions.json), then findings opened and "
+        "closed; exit 0 the same, 1 changed, 3 an input could not be used",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -68,6 +77,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    if args.diff:
+        from moptd.cli.replay_diff import cmd_diff
+
+        return cmd_diff(args)
     from moptd.bundle import BundleError
     from moptd.bundle.intake import read_inputs, unusable
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
@@ -96,13 +109,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         where = entry.get("at") or entry["input"]
         print(f"moptd replay: {where}: not used: {entry['reason']}", file=sys.stderr)
     code = exit_status(report.findings, bool(bad))
+    versions: Any = report.meta.get("versions")
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=1, sort_keys=False)
+        json.dump({**report.to_json(), "versions": versions}, sys.stdout, indent=1, sort_keys=False)
         sys.stdout.write("\n")
         return code
     from moptd.cli.render_findings import render_replay
+    from moptd.serving.version_lock import cuda_line
 
     render_replay(report, verbose=args.verbose)
+    print("versions: " + (cuda_line(versions) if versions is not None else "not recorded"))
     return code
 
 

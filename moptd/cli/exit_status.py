@@ -42,6 +42,11 @@ EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
         (2, "the worst finding is critical"),
         (3, "an input (file, line) or the rule set could not be used"),
     ),
+    "replay --diff": (
+        (0, "the two inputs show the same versions and findings"),
+        (1, "versions (versions.json) or findings (opened, closed) changed"),
+        (3, "an input (file, line) or the rule set could not be used"),
+    ),
     "rules check": ((0, "every rule is valid"), (1, "problems, each with file and line")),
     "rules test": ((0, "every test passed"), (1, "a test failed or a file has errors")),
     "serving status": ((0, "every endpoint answers"), (1, "an endpoint is down")),

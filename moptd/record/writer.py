@@ -28,8 +28,12 @@ from typing import Any, BinaryIO
 
 import yaml
 
+from moptd.collectors.driver import parse_module_version
 from moptd.gpu.backend import NvmlBackend
+from moptd.gpu.nvsmi import NvsmiError, read_dump
 from moptd.gpu.recorded import sample_row
+from moptd.serving import version_lock
+from moptd.serving.environment import site_packages_of
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,7 @@ class RecordOptions:
     kmsg: Path = Path("/dev/kmsg")
     serving: Sequence[ServingSource] = ()
     extra_notes: Sequence[str] = ()
+    site_packages: Sequence[Path] = ()  # versions.site_packages: more serving environments
 
 
 @dataclass
@@ -148,6 +153,7 @@ class Recorder:
             self.progress("kernel log", 0.95)
             self._kernel_log(root)
             self._host_end(root)
+            self._versions(root)
             self._meta(root, started)
             if tarball:
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -316,6 +322,53 @@ class Recorder:
             self._tool(root, ["ss", "-ltnp"], "host/listening.txt")
         else:
             self.notes.append("host/listening.txt: `ss` not installed")
+
+    def _versions(self, root: Path) -> None:
+        """versions.json, always: the driver, its CUDA version, the GPUs' compute
+        capabilities and each serving environment's stack (moptd/serving/version_lock.py).
+        What could not be read is empty in it and named in the notes."""
+        module_text = ""
+        try:
+            with (self.opts.procfs / "driver/nvidia/version").open() as fh:
+                module_text = fh.read(4096)
+        except OSError:
+            pass
+        module = parse_module_version(module_text)
+        facts = version_lock.live_driver_facts(module[0] if module else "")
+        if facts.cuda_source in ("", "table"):
+            self._driver_from_dumps(root, facts)
+        stacks = []
+        for s in self.opts.serving:
+            sps = site_packages_of(s.command, self.opts.site_packages) if s.command else []
+            if sps:
+                stacks.append(version_lock.stack_for(s.name, sps))
+        if not stacks and self.opts.site_packages:
+            stacks.append(version_lock.stack_for("configured", list(self.opts.site_packages)))
+        record = version_lock.VersionsRecord(facts, stacks)
+        if not facts.version:
+            self.notes.append(
+                f"{version_lock.FILE}: no driver version (neither NVML nor nvidia-smi)"
+            )
+        if not stacks:
+            self.notes.append(
+                f"{version_lock.FILE}: no serving environment found (no managed command, "
+                "no versions.site_packages)"
+            )
+        for st in stacks:
+            self.notes.extend(f"{version_lock.FILE}: {p}" for p in st.env.problems[:20])
+        self._write(root, version_lock.FILE, json.dumps(record.to_json(), indent=1) + "\n")
+
+    def _driver_from_dumps(self, root: Path, facts: Any) -> None:
+        """Where NVML did not say the driver's CUDA version, the first nvidia-smi dump's."""
+        for path in sorted((root / "gpu" / "nvidia-smi").glob("*.*")):
+            try:
+                dump = read_dump(path)
+            except (NvsmiError, OSError):
+                continue
+            if dump.cuda_version and dump.driver_version:
+                facts.version = facts.version or dump.driver_version
+                facts.cuda, facts.cuda_source = dump.cuda_version, "nvidia-smi"
+                return
 
     def _meta(self, root: Path, started: float) -> None:
         meta: dict[str, Any] = {
