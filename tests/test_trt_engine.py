@@ -318,6 +318,16 @@ def test_plan_deserialisation_lines(name: str, expected: list[tuple[str, str, st
     assert got == expected
 
 
+def test_tritons_ptxas_without_the_gpu_arch_is_a_missing_arch() -> None:
+    assert _records("triton-8539.txt") == [
+        {"kind": "ptxas_arch_unknown", "built": "", "runtime": "sm_121a"}
+    ]
+
+
+def test_tensorflows_ptxas_warning_falls_back_and_is_no_failure() -> None:
+    assert _records("tensorflow-serving-1821.txt") == []
+
+
 def test_pytorch_arch_warning_names_the_gpu_capability() -> None:
     paste = Path(__file__).parent / "fixtures" / "serving-paste" / "vllm-arch-unsupported"
     recs = [parse_line(line) for line in (paste / "log.txt").read_text().splitlines()]

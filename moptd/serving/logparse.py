@@ -166,6 +166,11 @@ _CUDA_ERRORS = (
     ("cudaErrorIllegalAddress", "illegal_address"),
     ("no kernel image is available for execution on the device", "no_kernel_image"),
     ("is not compatible with the current PyTorch installation", "arch_not_in_build"),
+    # Triton's (or torch.compile's) JIT: the ptxas it ships does not know this GPU's
+    # architecture (triton#8539: sm_121a on a DGX Spark; vLLM's troubleshooting page for
+    # "Value 'sm_110a' is not defined", vllm#31338). TensorFlow prints the same ptxas text
+    # as a warning and falls back to the driver's JIT: no failure (_PTXAS_FALLBACK).
+    ("is not defined for option 'gpu-name'", "ptxas_arch_unknown"),
     ("CUDA driver version is insufficient for CUDA runtime version", "driver_too_old"),
     ("The NVIDIA driver on your system is too old", "driver_too_old"),
     ("engine plan file is not compatible with this version of TensorRT", "trt_engine_version"),
@@ -203,17 +208,22 @@ _TRT_TAG = re.compile(
 )
 _TRT_PLUGIN = re.compile(r"could not find plugin:? (?P<built>\S{1,128}) version")
 _TORCH_ARCH = re.compile(r"with CUDA capability (?P<runtime>sm_\d+) is not compatible")
+_PTXAS_ARCH = re.compile(r"Value '(?P<runtime>sm_\w{1,8})' is not defined for option 'gpu-name'")
+_PTXAS_FALLBACK = "fallback to the NVIDIA driver"
 _CUDA_ERROR_DETAIL = {
     "trt_engine_version": (_TRT_LIBRARY, _TRT_TAG),
     "trt_engine_device": (_TRT_COMPUTE,),
     "trt_plugin_missing": (_TRT_PLUGIN,),
     "arch_not_in_build": (_TORCH_ARCH,),
+    "ptxas_arch_unknown": (_PTXAS_ARCH,),
 }
 
 
 def _cuda_error(msg: str) -> LogRecord | None:
     for needle, kind in _CUDA_ERRORS:
         if needle in msg:
+            if kind == "ptxas_arch_unknown" and _PTXAS_FALLBACK in msg:
+                return None
             fields: dict[str, object] = {"kind": kind, "built": "", "runtime": ""}
             for pattern in _CUDA_ERROR_DETAIL.get(kind, ()):
                 m = pattern.search(msg)
@@ -283,6 +293,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
     ("no kernel image", _cuda_error),
+    ("option 'gpu-name'", _cuda_error),
     ("current PyTorch installation", _cuda_error),
     ("driver version is insufficient", _cuda_error),
     ("driver on your system is too old", _cuda_error),
