@@ -333,3 +333,18 @@ def test_pytorch_arch_warning_names_the_gpu_capability() -> None:
     recs = [parse_line(line) for line in (paste / "log.txt").read_text().splitlines()]
     fields = [r.fields for r in recs if r is not None and r.stream == "serving.cuda_error"]
     assert fields[0] == {"kind": "arch_not_in_build", "built": "", "runtime": "sm_120"}
+
+
+def test_doctor_reports_the_engine_check(tmp_path: Path) -> None:
+    from moptd.cli.doctor_trt import trt_engine_checks
+
+    d = engine_dir(tmp_path, QWEN)
+    m = parse_managed(
+        {"name": "t", "command": "trtllm-serve x", "device": "cpu", "engine_dir": str(d)}
+    )
+    (c,) = trt_engine_checks(m, {"tensorrt-llm": "0.13.0"})
+    assert (c.status, c.code) == ("critical", "TRT_ENGINE_INCOMPATIBLE")
+    assert c.name == f"serving trt_engine {d}"
+    (c,) = trt_engine_checks(m, {"tensorrt-llm": "0.17.0.post1"})
+    assert c.status == "ok"
+    assert trt_engine_checks(parse_managed({"name": "t", "command": "vllm serve m"})) == []

@@ -20,6 +20,7 @@ leaves to the log lines (moptd/serving/logparse.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -222,12 +223,7 @@ def read_engine_dir(path: Path) -> EngineBuild:
         raise EngineConfigError(cfg, "", f"not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise EngineConfigError(cfg, "", f"cannot read: {exc.strerror or exc}") from None
-    build = parse_engine_config(text, cfg)
-    return EngineBuild(**{**_fields(build), "rank_engines": tuple(ranks)})
-
-
-def _fields(build: EngineBuild) -> dict[str, Any]:
-    return {name: getattr(build, name) for name in EngineBuild.__dataclass_fields__}
+    return dataclasses.replace(parse_engine_config(text, cfg), rank_engines=tuple(ranks))
 
 
 # --- the host side ---------------------------------------------------------------
@@ -238,6 +234,7 @@ def _fields(build: EngineBuild) -> dict[str, Any]:
 # matched by product name only.
 CLUSTER_KEY_COMPUTE = {
     "V100": "7.0",
+    "V100S": "7.0",
     "T4": "7.5",
     "A100": "8.0",
     "A30": "8.0",
@@ -257,6 +254,10 @@ CLUSTER_KEY_COMPUTE = {
     "GH200": "9.0",
     "B200": "10.0",
     "GB200": "10.0",
+    "GeForce-RTX-3090": "8.6",
+    "GeForce-RTX-4090": "8.9",
+    "RTX-6000-Ada-Generation": "8.9",
+    "GeForce-RTX-5090": "12.0",
 }
 
 
