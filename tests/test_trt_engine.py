@@ -348,3 +348,47 @@ def test_doctor_reports_the_engine_check(tmp_path: Path) -> None:
     (c,) = trt_engine_checks(m, {"tensorrt-llm": "0.17.0.post1"})
     assert c.status == "ok"
     assert trt_engine_checks(parse_managed({"name": "t", "command": "vllm serve m"})) == []
+
+
+_FRAGMENTS = st.sampled_from(
+    [
+        "expecting library version ",
+        "expecting compute ",
+        " got compute ",
+        " got ",
+        "Current Version: ",
+        ", Serialized Engine Version: ",
+        "Version tag does not match",
+        "engine plan file is generated on an incompatible device",
+        "could not find plugin: ",
+        " version",
+        "Value 'sm_",
+        "' is not defined for option 'gpu-name'",
+        "fallback to the NVIDIA driver",
+        "Failed to deserialize cuda engine",
+        "Magic tag does not match",
+        "8.9",
+        "226",
+        "1" * 300,
+        " ",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_FRAGMENTS | st.text(max_size=6), max_size=12))
+def test_any_mix_of_plan_fragments_parses(parts: list[str]) -> None:
+    rec = parse_line("".join(parts))
+    if rec is not None and rec.stream == "serving.cuda_error":
+        assert all(isinstance(rec.fields[k], str) for k in ("kind", "built", "runtime"))
+        assert all(len(str(rec.fields[k])) <= 128 for k in ("built", "runtime"))
+
+
+def test_a_long_line_of_fragments_is_bounded() -> None:
+    import time
+
+    line = ("expecting compute 8.9 got compute " * 2000) + ("Value 'sm_" * 2000)
+    start = time.perf_counter()
+    for _ in range(10):
+        parse_line(line)
+    assert time.perf_counter() - start < 1.0

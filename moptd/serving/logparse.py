@@ -198,13 +198,14 @@ _CUDA_ERRORS = (
 # runtime / this GPU> got <the plan's>": InsightFace-REST#84 (runtime 8.2.3, plan 8.2.1),
 # TensorRT#2177 (a GTX 1050 Ti, compute 6.1, reading a compute 8.6 plan).
 _TRT_LIBRARY = re.compile(
-    r"expecting library version (?P<runtime>\d+(?:\.\d+)*) got (?P<built>\d+(?:\.\d+)*)"
+    r"expecting library version (?P<runtime>\d{1,6}(?:\.\d{1,6}){0,5}) got "
+    r"(?P<built>\d{1,6}(?:\.\d{1,6}){0,5})"
 )
 _TRT_COMPUTE = re.compile(
-    r"expecting compute (?P<runtime>\d+\.\d+) got compute (?P<built>\d+\.\d+)"
+    r"expecting compute (?P<runtime>\d{1,3}\.\d{1,3}) got compute (?P<built>\d{1,3}\.\d{1,3})"
 )
 _TRT_TAG = re.compile(
-    r"Current Version: (?P<runtime>\d+), Serialized Engine Version: (?P<built>\d+)"
+    r"Current Version: (?P<runtime>\d{1,9}), Serialized Engine Version: (?P<built>\d{1,9})"
 )
 _TRT_PLUGIN = re.compile(r"could not find plugin:? (?P<built>\S{1,128}) version")
 _TORCH_ARCH = re.compile(r"with CUDA capability (?P<runtime>sm_\d+) is not compatible")
