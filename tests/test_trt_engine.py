@@ -392,3 +392,48 @@ def test_a_long_line_of_fragments_is_bounded() -> None:
     for _ in range(10):
         parse_line(line)
     assert time.perf_counter() - start < 1.0
+
+
+async def test_the_supervisor_refuses_to_start_an_engine_of_another_release(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import functools
+
+    from moptd.observations import Event
+    from moptd.serving.supervisor import Supervisor
+
+    d = engine_dir(tmp_path, QWEN)
+    marker = tmp_path / "ran"
+    m = parse_managed(
+        {
+            "name": "trt",
+            "engine": "trtllm",
+            "command": ["sh", "-c", f"touch {marker}"],
+            "device": "cpu",
+            "port": 1,
+            "engine_dir": str(d),
+            "backoff_initial": 0.05,
+        }
+    )
+    assert m is not None
+    events: list[Event] = []
+    # as the daemon wires it: the serving environment's versions read beforehand
+    run = functools.partial(gates.run_gates, versions={"tensorrt-llm": "0.13.0"})
+    sup = Supervisor(m, events.extend, tmp_path / "state", gates=run)
+    await sup.start()
+    try:
+        for _ in range(200):
+            if any(e.stream == "serving.gate" for e in events):
+                break
+            await asyncio.sleep(0.02)
+        gate = next(
+            e for e in events if e.stream == "serving.gate" and e.fields["check"] == "trt_engine"
+        )
+        assert gate.fields["code"] == "TRT_ENGINE_INCOMPATIBLE"
+        assert "engine built by TensorRT-LLM 0.17.0.post1" in str(gate.fields["reason"])
+        assert sup.state == "gated"
+        assert not marker.exists()
+    finally:
+        await sup.stop()
+        sup.close()
