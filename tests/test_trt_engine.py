@@ -437,3 +437,16 @@ async def test_the_supervisor_refuses_to_start_an_engine_of_another_release(
     finally:
         await sup.stop()
         sup.close()
+
+
+def test_trtllm_serve_of_an_engine_directory_is_checked(tmp_path: Path) -> None:
+    d = engine_dir(tmp_path, LLAMA)
+    m = parse_managed({"name": "t", "command": f"trtllm-serve {d} --port 8000", "device": "cpu"})
+    assert m is not None
+    assert gates.engine_dir_of(m) == d
+    hf = tmp_path / "hf-model"  # trtllm-serve also serves a checkpoint: no engine there
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    m = parse_managed({"name": "t", "command": f"trtllm-serve {hf}", "device": "cpu"})
+    assert m is not None
+    assert gates.engine_dir_of(m) is None

@@ -246,6 +246,20 @@ def check_trt_engine(
     return out
 
 
+def engine_dir_of(m: Managed) -> Path | None:
+    """The engine directory to check: ``engine_dir`` (or ``--engine_dir``), else the model
+    argument of ``trtllm-serve PATH`` when PATH holds a built engine (rank0.engine beside
+    config.json); trtllm-serve also takes a Hugging Face model there, which is no engine."""
+    if m.engine_dir is not None:
+        return m.engine_dir
+    cmd = m.command
+    if len(cmd) > 1 and Path(cmd[0]).name == "trtllm-serve" and not cmd[1].startswith("-"):
+        candidate = Path(cmd[1])
+        if (candidate / "config.json").is_file() and (candidate / "rank0.engine").is_file():
+            return candidate
+    return None
+
+
 def run_gates(m: Managed, versions: Mapping[str, str] | None = None) -> list[GateResult]:
     """``versions``: the serving environment's installed distributions, where known."""
     results: list[GateResult] = []
@@ -254,9 +268,10 @@ def run_gates(m: Managed, versions: Mapping[str, str] | None = None) -> list[Gat
     results.append(check_port(m.host, m.port))
     if m.model_dir is not None:
         results.extend(check_model_dir(m.model_dir))
-    if m.engine_dir is not None:
+    engine_dir = engine_dir_of(m)
+    if engine_dir is not None:
         gpus = visible_gpus(m.env) if m.device == "gpu" else None
-        results.extend(check_trt_engine(m.engine_dir, versions, gpus))
+        results.extend(check_trt_engine(engine_dir, versions, gpus))
     return results
 
 
