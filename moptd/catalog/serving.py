@@ -411,8 +411,11 @@ SIGNALS += [
         "A CUDA error in the serving log that is no OOM: illegal_address (an illegal memory "
         "access), no_kernel_image / arch_not_in_build (the build lacks this GPU's "
         "architecture), driver_too_old (driver older than the CUDA runtime), "
-        "trt_engine_version / trt_engine_device (a TensorRT engine built elsewhere).",
-        ("kind",),
+        "trt_engine_version / trt_engine_device / trt_plugin_missing (a TensorRT engine built "
+        "for another TensorRT, GPU or plugin set), trt_deserialize_failed (the plan was "
+        "refused, reason elsewhere), trt_not_a_plan (the file is no plan); built and runtime: "
+        "what the plan or binary was built for and what this host runs, where the line says.",
+        ("kind", "built", "runtime"),
     ),
     _e(
         "cuda_graphs",

@@ -94,6 +94,9 @@ async def run_checks(config: Any) -> list[Check]:
     checks.extend(versions)
     checks.extend(await asyncio.to_thread(host_checks, store, config))
     checks.extend(await asyncio.to_thread(serving_checks, managed, store))
+    from moptd.cli.doctor_trt import trt_engine_checks
+
+    checks.extend(await asyncio.to_thread(trt_engine_checks, managed))
     return checks
 
 

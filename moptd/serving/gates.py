@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moptd.observations import Event
 from moptd.serving.spec import Managed
+from moptd.serving.trt_engine import EngineConfigError, HostGpu, compare, read_engine_dir
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -31,7 +33,8 @@ OTHER_WEIGHTS = (".gguf",)  # a format vLLM loads directly; not pickle
 
 @dataclass(frozen=True, slots=True)
 class GateResult:
-    check: str  # driver | gpus | gpu_memory | port | model_config | tokenizer | weights
+    # driver | gpus | gpu_memory | port | model_config | tokenizer | weights | trt_engine
+    check: str
     ok: bool
     code: str = ""  # diagnosis code when the failure has one
     reason: str = ""
@@ -156,13 +159,119 @@ def check_gpus(min_free: float) -> list[GateResult]:
             pass
 
 
-def run_gates(m: Managed) -> list[GateResult]:
+def visible_gpus(env: Mapping[str, str]) -> list[HostGpu] | None:
+    """The GPUs a server started with ``env`` sees (CUDA_VISIBLE_DEVICES: indices or
+    UUIDs, in its order), with NVML's name and compute capability; None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        gpus: list[tuple[str, HostGpu]] = []
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
+            name = name if isinstance(name, str) else name.decode()
+            uuid = uuid if isinstance(uuid, str) else uuid.decode()
+            gpus.append((uuid, HostGpu(i, name, f"{major}.{minor}")))
+    except pynvml.NVMLError:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    return select_visible(gpus, env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def select_visible(gpus: list[tuple[str, HostGpu]], spec: str | None) -> list[HostGpu]:
+    """CUDA_VISIBLE_DEVICES as the CUDA runtime reads it: a list of indices or UUID
+    prefixes, cut at the first entry that names no device."""
+    if spec is None:
+        return [g for _, g in gpus]
+    out: list[HostGpu] = []
+    for item in (s.strip() for s in spec.split(",")):
+        found = None
+        if item.isdigit():
+            found = next((g for _, g in gpus if g.index == int(item)), None)
+        elif item.startswith("GPU-"):
+            found = next((g for uuid, g in gpus if uuid.startswith(item)), None)
+        if found is None or found in out:
+            break
+        out.append(found)
+    return out
+
+
+def check_trt_engine(
+    engine_dir: Path,
+    versions: Mapping[str, str] | None,
+    gpus: list[HostGpu] | None,
+) -> list[GateResult]:
+    """What the engine directory records against this host: TRT_ENGINE_INCOMPATIBLE with
+    what differs, where TensorRT would refuse the plan or the ranks would not fit."""
+    try:
+        build = read_engine_dir(engine_dir)
+    except EngineConfigError as exc:
+        return [GateResult("trt_engine", False, "", str(exc))]
+    diffs = compare(build, versions, gpus)
+    files = [d for d in diffs if d.what == "rank_engines"]
+    refused = [d for d in diffs if d.critical and d.what != "rank_engines"]
+    warned = [d for d in diffs if not d.critical]
+    unknown = [
+        what
+        for what, missing in (
+            ("TensorRT-LLM version", versions is None or "tensorrt-llm" not in versions),
+            ("GPUs", gpus is None),
+        )
+        if missing
+    ]
+    note = f" (not compared: {', '.join(unknown)})" if unknown else ""
+    out = [
+        GateResult(
+            "trt_engine",
+            not refused,
+            "TRT_ENGINE_INCOMPATIBLE" if refused else "",
+            f"{engine_dir}: " + "; ".join(d.reason for d in refused)
+            if refused
+            else f"{build.summary()}{note}" + "".join(f"; warning: {d.reason}" for d in warned),
+        )
+    ]
+    if files:
+        out.append(GateResult("trt_engine_files", False, "", f"{engine_dir}: {files[0].reason}"))
+    return out
+
+
+def engine_dir_of(m: Managed) -> Path | None:
+    """The engine directory to check: ``engine_dir`` (or ``--engine_dir``), else the model
+    argument of ``trtllm-serve PATH`` when PATH holds a built engine (rank0.engine beside
+    config.json); trtllm-serve also takes a Hugging Face model there, which is no engine."""
+    if m.engine_dir is not None:
+        return m.engine_dir
+    cmd = m.command
+    if len(cmd) > 1 and Path(cmd[0]).name == "trtllm-serve" and not cmd[1].startswith("-"):
+        candidate = Path(cmd[1])
+        if (candidate / "config.json").is_file() and (candidate / "rank0.engine").is_file():
+            return candidate
+    return None
+
+
+def run_gates(m: Managed, versions: Mapping[str, str] | None = None) -> list[GateResult]:
+    """``versions``: the serving environment's installed distributions, where known."""
     results: list[GateResult] = []
     if m.device == "gpu":
         results.extend(check_gpus(m.min_free_gpu_memory))
     results.append(check_port(m.host, m.port))
     if m.model_dir is not None:
         results.extend(check_model_dir(m.model_dir))
+    engine_dir = engine_dir_of(m)
+    if engine_dir is not None:
+        gpus = visible_gpus(m.env) if m.device == "gpu" else None
+        results.extend(check_trt_engine(engine_dir, versions, gpus))
     return results
 
 

@@ -166,19 +166,72 @@ _CUDA_ERRORS = (
     ("cudaErrorIllegalAddress", "illegal_address"),
     ("no kernel image is available for execution on the device", "no_kernel_image"),
     ("is not compatible with the current PyTorch installation", "arch_not_in_build"),
+    # Triton's (or torch.compile's) JIT: the ptxas it ships does not know this GPU's
+    # architecture (triton#8539: sm_121a on a DGX Spark; vLLM's troubleshooting page for
+    # "Value 'sm_110a' is not defined", vllm#31338). TensorFlow prints the same ptxas text
+    # as a warning and falls back to the driver's JIT: no failure (_PTXAS_FALLBACK).
+    ("is not defined for option 'gpu-name'", "ptxas_arch_unknown"),
     ("CUDA driver version is insufficient for CUDA runtime version", "driver_too_old"),
     ("The NVIDIA driver on your system is too old", "driver_too_old"),
     ("engine plan file is not compatible with this version of TensorRT", "trt_engine_version"),
     ("engine plan file is generated on an incompatible device", "trt_engine_device"),
-    # TensorRT 8's serialisation check ("stdVersionRead == serializationVersion failed.")
+    # TensorRT's serialisation check, 7 to 10 ("coreReadArchive.cpp (38) - Serialization Error
+    # in verifyHeader", "stdVersionRead == kSERIALIZATION_VERSION failed.")
     ("Version tag does not match", "trt_engine_version"),
+    # The plan names a plugin this runtime has not registered (TensorRT-LLM's own plugin
+    # library of another release, or not loaded): "getPluginCreator could not find plugin:
+    # Gemmtensorrt_llm version: 1", then "Cannot deserialize plugin since corresponding
+    # IPluginCreator not found in Plugin Registry".
+    ("could not find plugin", "trt_plugin_missing"),
+    ("IPluginCreator not found in Plugin Registry", "trt_plugin_missing"),
+    # Not a plan at all (another file, truncated download): no incompatibility.
+    ("Magic tag does not match", "trt_not_a_plan"),
+    ("magicTag == rt::kPLAN_MAGIC_TAG", "trt_not_a_plan"),
+    # The consequence every reason above is followed by, alone when the reason went to
+    # another log: TensorRT ("Deserialize the cuda engine failed", "Engine deserialization
+    # failed") and TensorRT-LLM ("Failed to deserialize cuda engine", tllmRuntime.cpp).
+    ("Failed to deserialize cuda engine", "trt_deserialize_failed"),
+    ("Deserialize the cuda engine failed", "trt_deserialize_failed"),
+    ("Engine deserialization failed", "trt_deserialize_failed"),
 )
+# What the plan was built for against what reads it. TensorRT words it "expecting <this
+# runtime / this GPU> got <the plan's>": InsightFace-REST#84 (runtime 8.2.3, plan 8.2.1),
+# TensorRT#2177 (a GTX 1050 Ti, compute 6.1, reading a compute 8.6 plan).
+_TRT_LIBRARY = re.compile(
+    r"expecting library version (?P<runtime>\d{1,6}(?:\.\d{1,6}){0,5}) got "
+    r"(?P<built>\d{1,6}(?:\.\d{1,6}){0,5})"
+)
+_TRT_COMPUTE = re.compile(
+    r"expecting compute (?P<runtime>\d{1,3}\.\d{1,3}) got compute (?P<built>\d{1,3}\.\d{1,3})"
+)
+_TRT_TAG = re.compile(
+    r"Current Version: (?P<runtime>\d{1,9}), Serialized Engine Version: (?P<built>\d{1,9})"
+)
+_TRT_PLUGIN = re.compile(r"could not find plugin:? (?P<built>\S{1,128}) version")
+_TORCH_ARCH = re.compile(r"with CUDA capability (?P<runtime>sm_\d+) is not compatible")
+_PTXAS_ARCH = re.compile(r"Value '(?P<runtime>sm_\w{1,8})' is not defined for option 'gpu-name'")
+_PTXAS_FALLBACK = "fallback to the NVIDIA driver"
+_CUDA_ERROR_DETAIL = {
+    "trt_engine_version": (_TRT_LIBRARY, _TRT_TAG),
+    "trt_engine_device": (_TRT_COMPUTE,),
+    "trt_plugin_missing": (_TRT_PLUGIN,),
+    "arch_not_in_build": (_TORCH_ARCH,),
+    "ptxas_arch_unknown": (_PTXAS_ARCH,),
+}
 
 
 def _cuda_error(msg: str) -> LogRecord | None:
     for needle, kind in _CUDA_ERRORS:
         if needle in msg:
-            return LogRecord("serving.cuda_error", {"kind": kind})
+            if kind == "ptxas_arch_unknown" and _PTXAS_FALLBACK in msg:
+                return None
+            fields: dict[str, object] = {"kind": kind, "built": "", "runtime": ""}
+            for pattern in _CUDA_ERROR_DETAIL.get(kind, ()):
+                m = pattern.search(msg)
+                if m is not None:
+                    fields.update({k: v for k, v in m.groupdict().items() if v})
+                    break
+            return LogRecord("serving.cuda_error", fields)
     return None
 
 
@@ -241,11 +294,16 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
     ("no kernel image", _cuda_error),
+    ("option 'gpu-name'", _cuda_error),
     ("current PyTorch installation", _cuda_error),
     ("driver version is insufficient", _cuda_error),
     ("driver on your system is too old", _cuda_error),
     ("engine plan file", _cuda_error),
     ("Version tag does not match", _cuda_error),
+    ("find plugin", _cuda_error),
+    ("IPluginCreator", _cuda_error),
+    ("agic", _cuda_error),
+    ("eserializ", _cuda_error),
     ("tokenizer", _startup_error),
     ("already in use", _startup_error),
     ("bind on address", _startup_error),

@@ -49,6 +49,7 @@ class Managed:
     host: str = "127.0.0.1"
     port: int = 8000
     model_dir: Path | None = None
+    engine_dir: Path | None = None  # a TensorRT-LLM engine directory (trtllm-build output)
     device: str = "gpu"  # cpu skips the GPU gates (vLLM CPU build)
     min_free_gpu_memory: float = 0.0  # bytes, per visible GPU
     probes: tuple[str, ...] = ("health", "models", "generate")
@@ -165,6 +166,7 @@ _MANAGED_KEYS = {
     "host",
     "port",
     "model_dir",
+    "engine_dir",
     "device",
     "min_free_gpu_memory",
     "probes",
@@ -212,6 +214,11 @@ def parse_managed(raw: Any, where: str = "collectors.serving.managed") -> Manage
     model_dir = raw.get("model_dir")
     if model_dir is not None and not isinstance(model_dir, str):
         raise SpecError(f"{where}.model_dir", "must be a path")
+    engine_dir = raw.get("engine_dir")
+    if engine_dir is not None and not isinstance(engine_dir, str):
+        raise SpecError(f"{where}.engine_dir", "must be a path")
+    if engine_dir is None:  # TensorRT-LLM's run.py / summarize.py / benchmark flag
+        engine_dir = flag_value(tuple(cmd), "--engine_dir")
     for key, allowed in (
         ("device", ("gpu", "cpu")),
         ("backend", ("process", "systemd")),
@@ -239,6 +246,7 @@ def parse_managed(raw: Any, where: str = "collectors.serving.managed") -> Manage
         host=_str(raw, "host", where, "127.0.0.1"),
         port=port,
         model_dir=Path(model_dir) if model_dir else None,
+        engine_dir=Path(engine_dir) if engine_dir else None,
         device=str(raw.get("device", "gpu")),
         min_free_gpu_memory=float(mem),
         probes=_probes(raw, where, ("health", "models", "generate")),
