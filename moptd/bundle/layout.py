@@ -41,6 +41,7 @@ SERVING_DIR = {
     "vllm-log": "vllm",
     "sglang-log": "sglang",
     "trtllm-log": "trtllm",
+    "onnxruntime-log": "onnxruntime",
     "python-log": "app",
 }
 SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")

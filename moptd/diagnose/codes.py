@@ -269,6 +269,15 @@ CODES: dict[str, Code] = {
             "with it"
         ),
     ),
+    "ONNXRUNTIME_CPU_FALLBACK": Code(
+        "framework",
+        "critical",
+        (
+            "ONNX Runtime could not load its CUDA execution provider and runs the model on the "
+            "CPU (Failed to create CUDAExecutionProvider, Falling back to CPUExecutionProvider): "
+            "it still answers, at CPU speed"
+        ),
+    ),
     "TOKENIZER_MISSING": Code(
         "model",
         "critical",
