@@ -173,6 +173,14 @@ CODES: dict[str, Code] = {
             '("CUDA driver version is insufficient for CUDA runtime version")'
         ),
     ),
+    "WSL_GUEST_DRIVER_INSTALLED": Code(
+        "driver",
+        "critical",
+        (
+            "a Linux NVIDIA driver is installed inside a WSL2 guest: its libraries shadow the "
+            "Windows driver's in /usr/lib/wsl/lib, which NVIDIA's CUDA on WSL guide forbids"
+        ),
+    ),
     "CONTAINER_RUNTIME_NOT_CONFIGURED": Code(
         "container",
         "warning",
