@@ -16,7 +16,9 @@ from moptd.bundle.intake import read_inputs
 from moptd.diagnose.loader import default_rules_dir, load_rules
 from moptd.diagnose.model import RuleSet
 from moptd.diagnose.replay import replay_timeline
-from moptd.serving.logparse import parse_line
+from moptd.serving.logparse import LogState, parse_line
+from moptd.serving.logring import LogRing
+from moptd.serving.logsource import log_events
 
 PASTES = Path(__file__).parent / "fixtures" / "onnxruntime-paste"
 
@@ -133,3 +135,13 @@ def test_a_long_line_costs_little() -> None:
     for text in (line, line2, "Failed to create " + "A" * 60_000):
         parse_line(text)
     assert time.perf_counter() - start < 0.5
+
+
+def test_a_followed_log_file_gives_the_same_events() -> None:
+    # the live path: an endpoint's log_file / journal_unit lines (moptd/serving/logsource.py)
+    lines = (PASTES / "cublaslt-so11-missing.log").read_text(encoding="utf-8").splitlines()
+    events = log_events(lines, 100.0, "serving:ort", LogRing(100), LogState(), lambda s: False)
+    assert [(e.stream, e.fields["kind"], e.fields["to"]) for e in events] == [
+        ("serving.ep_fallback", "library_missing", "cpu"),
+        ("serving.ep_fallback", "create_failed", "cpu"),
+    ]
