@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moptd.bundle import read_bundle
+from moptd.bundle.errors import BundleError
 from moptd.collector import CollectorContext
 from moptd.collectors.host import HostCollector
 from moptd.diagnose.loader import default_rules_dir, load_rules
 from moptd.diagnose.replay import replay_timeline
+from moptd.diagnose.timeline import Timeline
 from moptd.gpu.nvsmi_table import parse_table
 from moptd.proc import wsl
 
@@ -97,15 +99,16 @@ def _lay(directory: Path, names: list[str]) -> Path:
 
 
 def _collect(tmp_path: Path, proc: Path, recorded: bool = False) -> dict[str, float]:
-    ctx = CollectorContext(
-        procfs=proc,
-        devfs=tmp_path / "dev",
-        state_dir=tmp_path,
-        recorded=recorded,
-        options={
+    # a recording names the directories it holds (moptd.bundle.sources); the live host
+    # reads the configured ones
+    options: dict[str, object] = {}
+    if not recorded:
+        options = {
             "wsl_lib_dir": str(tmp_path / "wsl-lib"),
             "guest_lib_dirs": [str(tmp_path / "x86_64-linux-gnu"), str(tmp_path / "nowhere")],
-        },
+        }
+    ctx = CollectorContext(
+        procfs=proc, devfs=tmp_path / "dev", state_dir=tmp_path, recorded=recorded, options=options
     )
     c = HostCollector(ctx)
     try:
@@ -151,7 +154,8 @@ def test_wsl1_and_a_recording(tmp_path: Path) -> None:
     assert _collect(tmp_path, proc) == {"node.wsl2": 0.0}
     proc2 = _root(tmp_path / "b", "uname-a-wsl2-5.10.43.3.txt")
     _lay(tmp_path / "b" / "x86_64-linux-gnu", selected("nvidia-container-cli-guest-driver-470.txt"))
-    # a bundle records the kernel release, not the directories: those signals stay absent
+    # a recording that names no directory: those signals stay absent, whatever the
+    # replaying machine's own /usr/lib/wsl/lib holds
     assert _collect(tmp_path, proc2, recorded=True) == {"node.wsl2": 1.0}
 
 
@@ -218,3 +222,56 @@ def test_a_long_name_costs_little() -> None:
     wsl.guest_driver_libraries(names)
     wsl.release_of("Linux version " + "x" * 200_000)
     assert time.perf_counter() - start < 0.5
+
+
+def _bundle(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "bundle"
+    for rel, body in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(body, encoding="utf-8")
+    (root / "bundle.yaml").write_text(
+        'format: moptd-bundle/v1\nhost: t\ncaptured_at: "2022-07-07T00:00:00Z"\n'
+    )
+    return root
+
+
+def _node_signals(timeline: Timeline) -> dict[str, float]:
+    return {
+        s.signal: s.value
+        for _, _, batch in timeline.iter_observations()
+        for s in batch.samples
+        if s.signal.startswith("node.wsl")
+    }
+
+
+def test_a_bundle_replays_the_wsl_listings(tmp_path: Path) -> None:
+    root = _bundle(
+        tmp_path,
+        {
+            "kernel/uname_r": text("uname-a-wsl2-5.10.43.3.txt"),
+            "host/wsl_lib.txt": text("ls-usr-lib-wsl-lib-libcuda.txt"),
+            "host/guest_libs.txt": text("nvidia-container-cli-guest-driver-460.txt"),
+        },
+    )
+    assert _node_signals(read_bundle(root)) == {
+        "node.wsl2": 1.0,
+        "node.wsl_lib_present": 1.0,
+        "node.wsl_guest_driver_libs": 2.0,
+    }
+
+
+def test_a_bundle_without_the_listings_leaves_them_unknown(tmp_path: Path) -> None:
+    root = _bundle(tmp_path, {"kernel/uname_r": text("uname-r-wsl2-4.19.81.txt")})
+    assert _node_signals(read_bundle(root)) == {"node.wsl2": 1.0}
+
+
+def test_a_listing_that_names_no_library_is_refused(tmp_path: Path) -> None:
+    root = _bundle(
+        tmp_path,
+        {
+            "kernel/uname_r": text("uname-r-wsl2-4.19.81.txt"),
+            "host/guest_libs.txt": text("proc-version-wsl2-5.4.72.txt"),
+        },
+    )
+    with pytest.raises(BundleError, match=r"guest_libs\.txt:1: names no file of /usr/lib/x86_64"):
+        read_bundle(root)

@@ -145,8 +145,7 @@ class HostCollector(Collector):
 
     def _wsl(self, b: Batch, proc: Path) -> None:
         """node.wsl2, and on WSL2 the Windows driver's library mount and any Linux driver
-        libraries installed in the guest (docs/wsl.md). The directories are read on a live
-        host only: a bundle records the kernel release, not them."""
+        libraries installed in the guest (docs/wsl.md)."""
         release = self._optional(proc / "sys/kernel/osrelease").strip()
         if not release:
             release = wsl.release_of(self._optional(proc / "version"))
@@ -157,10 +156,15 @@ class HostCollector(Collector):
                 b.add("node.wsl2", NODE, 0.0)
             return
         b.add("node.wsl2", NODE, 1.0)
-        if self.ctx.recorded:
+        # A recording holds a directory only where it names one (moptd.bundle.sources lays
+        # host/wsl_lib.txt and host/guest_libs.txt out as directories): the defaults would
+        # read the replaying machine's own.
+        recorded = self.ctx.recorded
+        if not recorded or "wsl_lib_dir" in self.ctx.options:
+            lib_dir = self.ctx.host_path(str(self.option("wsl_lib_dir")))
+            b.add("node.wsl_lib_present", NODE, float(wsl.has_cuda_stub(_names(lib_dir))))
+        if recorded and "guest_lib_dirs" not in self.ctx.options:
             return
-        lib_dir = self.ctx.host_path(str(self.option("wsl_lib_dir")))
-        b.add("node.wsl_lib_present", NODE, float(wsl.has_cuda_stub(_names(lib_dir))))
         now = time.monotonic()
         if self._guest_libs is None or now - self._guest_libs[0] >= self.GUEST_LIBS_INTERVAL:
             count = 0

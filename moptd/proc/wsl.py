@@ -67,3 +67,32 @@ def driver_version_of(name: str) -> str:
 def has_cuda_stub(names: list[str]) -> bool:
     """/usr/lib/wsl/lib holds the Windows driver's libcuda.so.1, which CUDA loads."""
     return "libcuda.so.1" in names
+
+
+# A path in a listing: `ls -l DIR` lines end in the name (or the path), `ldconfig -p` lines in
+# "=> /path", nvidia-container-cli's debug log in "selecting /path".
+_PATH = re.compile(r"(/[\w.+-]+(?:/[\w.+-]+)*)")
+_LS_NAME = re.compile(r"^[-lcbdps][-rwxsStT]{9}\S*\s.*\s(?P<name>[^\s/]+)(?: -> \S+)?$")
+
+
+def listed_names(text: str, directories: tuple[str, ...]) -> list[str]:
+    """The names of files in ``directories`` a listing names: absolute paths under one of
+    them (ls of the files, ``ldconfig -p``, nvidia-container-cli's "selecting" lines), and the
+    bare names of ``ls -l DIR`` lines (the listing is of one of them). Bounded: 100,000
+    lines, 4 KiB a line."""
+    prefixes = tuple(d.rstrip("/") + "/" for d in directories)
+    names: set[str] = set()
+    for line in text.splitlines()[:100_000]:
+        line = line[:4096]
+        found = False
+        for m in _PATH.finditer(line):
+            path = m.group(1)
+            for prefix in prefixes:
+                if path.startswith(prefix) and "/" not in path[len(prefix) :]:
+                    names.add(path[len(prefix) :])
+                    found = True
+        if not found:
+            ls = _LS_NAME.match(line.strip())
+            if ls is not None:
+                names.add(ls.group("name"))
+    return sorted(names)
