@@ -214,6 +214,9 @@ def test_no_text_crashes_the_parsers(s: str) -> None:
     release = wsl.release_of(s)
     assert wsl.wsl_generation(release) in (0, 1, 2)
     assert wsl.guest_driver_libraries(s.split()) == sorted(wsl.guest_driver_libraries(s.split()))
+    for name in wsl.listed_names(s, wsl.GUEST_LIB_DIRS):
+        assert name
+        assert "/" not in name
 
 
 def test_a_long_name_costs_little() -> None:
@@ -221,6 +224,8 @@ def test_a_long_name_costs_little() -> None:
     start = time.perf_counter()
     wsl.guest_driver_libraries(names)
     wsl.release_of("Linux version " + "x" * 200_000)
+    wsl.listed_names("-rwxrwxrwx 1 " + "a " * 50_000 + "/", wsl.GUEST_LIB_DIRS)
+    wsl.listed_names("/usr/lib/x86_64-linux-gnu/" * 20_000, wsl.GUEST_LIB_DIRS)
     assert time.perf_counter() - start < 0.5
 
 
