@@ -41,6 +41,11 @@ def _ep(provider: str, kind: str, to: str, library: str = "") -> dict[str, objec
     [
         ("cuda-ep-create-failed.log", [_ep("cuda", "create_failed", "cpu")]),
         (
+            # onnxruntime 1.19's wording of the warning, after Windows' LoadLibrary error 126
+            "cuda-ep-require-cudnn9-cuda12-21425.log",
+            [_ep("cuda", "library_missing", "cpu"), _ep("cuda", "create_failed", "cpu")],
+        ),
+        (
             "cublaslt-so11-missing.log",
             [
                 _ep("cuda", "library_missing", "cpu", "libcublasLt.so.11"),
@@ -94,6 +99,7 @@ def ruleset() -> RuleSet:
     ("name", "on_cpu"),
     [
         ("cuda-ep-create-failed.log", True),
+        ("cuda-ep-require-cudnn9-cuda12-21425.log", True),
         ("cublaslt-so11-missing.log", True),
         ("libcudnn-adv-so9-missing-cpu-applied.log", True),
         ("libcudnn-so9-missing-rembg.log", True),
