@@ -38,6 +38,7 @@ LABELS: dict[str, str] = {
     "vllm-log": "vLLM log",
     "sglang-log": "SGLang log",
     "trtllm-log": "TensorRT-LLM log",
+    "onnxruntime-log": "ONNX Runtime log",
     "python-log": "Python/PyTorch log",
     "modprobe": "modprobe output",
     "lsmod": "lsmod",
@@ -82,6 +83,12 @@ _VLLM = (
 )
 _SGLANG = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|PP|TP|EP)\d+)*\] "
 _TRTLLM = r"(?:\[\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d\] )?\[(?:TensorRT-LLM|TRT-LLM|TRT)\]"
+# onnxruntime's own logger (`2024-03-27 06:33:23.219728338 [E:onnxruntime:Default, file:line
+# func] ...`, Windows with 7 digits) and its Python binding's session-retry block
+_ONNXRUNTIME = (
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9} \[[VIWEF]:onnxruntime:"
+    r"|\*{15} EP Error \*{15}|EP Error .{0,400}"
+)
 _PYTHON = (
     r"Traceback \(most recent call last\):"
     r'|  File "[^"\n]{1,300}", line \d+'
@@ -127,12 +134,13 @@ _STARTS: tuple[tuple[str, str], ...] = (
     ("vllm-log", _VLLM),
     ("sglang-log", _SGLANG),
     ("trtllm-log", _TRTLLM),
+    ("onnxruntime-log", _ONNXRUNTIME),
     ("python-log", _PYTHON),
 )
 _GROUP = {kind: f"k{i}" for i, (kind, _) in enumerate(_STARTS)}
 _KIND_OF_GROUP = {g: k for k, g in _GROUP.items()}
 _START = re.compile("|".join(f"(?P<{_GROUP[k]}>{p})" for k, p in _STARTS))
-_SERVING = ("vllm-log", "sglang-log", "trtllm-log", "python-log")
+_SERVING = ("vllm-log", "sglang-log", "trtllm-log", "onnxruntime-log", "python-log")
 # one family: a serving log's lines of several engines' shapes are one section
 _FAMILY = {k: ("serving-log" if k in _SERVING else k) for k, _ in _STARTS}
 _ENGINE = {k: re.compile(p) for k, p in _STARTS if k in _SERVING}
@@ -346,7 +354,7 @@ def _refine(s: Section) -> Section:
     """A serving-log section's engine: the one whose line shape it holds most; a plain
     Python traceback is a Python/PyTorch log. An XML text that is not nvidia-smi's, prose."""
     if _FAMILY.get(s.kind) == "serving-log":
-        counts = dict.fromkeys(_SERVING[:3], 0)
+        counts = dict.fromkeys(_SERVING[:-1], 0)  # every engine's shape but plain Python
         for line in s.lines:
             probe = line[:MAX_MATCH_CHARS]
             for kind in counts:

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from moptd.bundle.sources import CDI, DEV_NODES, DF, DKMS, FILES, TOOLKIT
+from moptd.bundle.sources import CDI, DEV_NODES, DF, DKMS, FILES, GUEST_LIBS, TOOLKIT, WSL_LIB
 
 KERNEL_LOG = "kernel/dmesg.txt"
 MODPROBE = "kernel/modprobe.txt"
@@ -41,6 +41,7 @@ SERVING_DIR = {
     "vllm-log": "vllm",
     "sglang-log": "sglang",
     "trtllm-log": "trtllm",
+    "onnxruntime-log": "onnxruntime",
     "python-log": "app",
 }
 SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
@@ -48,6 +49,7 @@ VERSIONS = "versions.json"  # moptd record's version-lock record (moptd/serving/
 SINGLE = frozenset(
     {rel for rel, _ in FILES}
     | {DF, DEV_NODES, DKMS, TOOLKIT, MODPROBE, SAMPLES, "host/listening.txt", VERSIONS}
+    | {WSL_LIB, GUEST_LIBS}
 )
 # what a bundle may hold that is not evidence: kept, never read, never an error
 NOT_EVIDENCE = re.compile(r"(?:[^/]+\.md|expected\.yaml|\.gitkeep|\.gitattributes)$")

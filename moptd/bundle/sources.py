@@ -35,7 +35,7 @@ from moptd.collectors.container import ContainerCollector
 from moptd.collectors.driver import DriverCollector
 from moptd.collectors.host import HostCollector
 from moptd.observations import Batch
-from moptd.proc import procfs
+from moptd.proc import procfs, wsl
 
 # bundle file -> where a live host has it, under the tree's roots
 FILES: tuple[tuple[str, str], ...] = (
@@ -53,6 +53,10 @@ DKMS = "kernel/dkms_status.txt"
 MODPROBE = "kernel/modprobe.txt"  # modprobe / insmod output: the driver collector's modprobe_log
 TOOLKIT = "container/toolkit_version.txt"
 CDI = "container/cdi"
+# WSL2 (docs/wsl.md): `ls -l /usr/lib/wsl/lib`, and any listing naming the guest's driver
+# libraries (ls, ldconfig -p, nvidia-container-cli's "selecting /path" lines)
+WSL_LIB = "host/wsl_lib.txt"
+GUEST_LIBS = "host/guest_libs.txt"
 # files whose absence is reported as missing evidence
 EXPECTED = (*(rel for rel, _ in FILES), DF, DEV_NODES, DKMS)
 # the tool runs a bundle holds the output of
@@ -145,7 +149,12 @@ def collect_stack(
         source = BundleSource(root, _disks(root), _dev_nodes(root), identities)
         driver_options = _modprobe_log(root, tree, {"use_tools": True})
         host = HostCollector(
-            _context(tree, source, global_options={"watch_paths": list(source.disks)})
+            _context(
+                tree,
+                source,
+                options=_wsl_dirs(root, tree),
+                global_options={"watch_paths": list(source.disks)},
+            )
         )
         drv = DriverCollector(_context(tree, source, options=driver_options))
         ctr = ContainerCollector(_context(tree, source, options={"cdi_dirs": ["/etc/cdi"]}))
@@ -172,6 +181,31 @@ def _context(
         recorded=True,
         global_options=global_options or {},
     )
+
+
+def _wsl_dirs(root: Path, tree: Path) -> dict[str, object]:
+    """The host collector's WSL directories, laid out in the tree from the bundle's
+    listings (empty files at the names they list), for the files the bundle holds."""
+    options: dict[str, object] = {}
+    for rel, dirs, key in (
+        (WSL_LIB, (wsl.WSL_LIB_DIR,), "wsl_lib_dir"),
+        (GUEST_LIBS, wsl.GUEST_LIB_DIRS, "guest_lib_dirs"),
+    ):
+        path = root / rel
+        if not path.is_file():
+            continue
+        text = read_text(path)
+        names = wsl.listed_names(text, dirs)
+        if not names and "No such file or directory" not in text:
+            raise BundleError(
+                str(path), 1, f"names no file of {', '.join(dirs)} (paste the output of ls -l)"
+            )
+        folder = tree / "wsl" / key
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / name).touch()
+        options[key] = str(folder) if key == "wsl_lib_dir" else [str(folder)]
+    return options
 
 
 def _put(path: Path, text: str) -> None:

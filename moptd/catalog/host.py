@@ -83,6 +83,30 @@ SIGNALS = [
         ("path",),
     ),
     _n("swappiness", "gauge", "", "vm.swappiness.", "moptd_node_vm_swappiness"),
+    # WSL2 (moptd/proc/wsl.py, docs/wsl.md): the GPU belongs to the Windows driver there.
+    _n(
+        "wsl2",
+        "gauge",
+        "",
+        "1 when the host is a WSL2 guest (a microsoft-standard kernel release or /dev/dxg), "
+        "0 when its kernel release says otherwise.",
+        "moptd_node_wsl2",
+    ),
+    _n(
+        "wsl_lib_present",
+        "gauge",
+        "",
+        "On WSL2: 1 when the Windows driver's libcuda.so.1 is in /usr/lib/wsl/lib.",
+        "moptd_node_wsl_lib_present",
+    ),
+    _n(
+        "wsl_guest_driver_libs",
+        "gauge",
+        "count",
+        "On WSL2: libraries of a Linux NVIDIA driver installed inside the guest "
+        "(libcuda.so.NNN.x, libnvidia-*.so.NNN.x), which shadow the Windows driver's.",
+        "moptd_node_wsl_guest_driver_libraries",
+    ),
     _n(
         "boot_time",
         "gauge",

@@ -456,6 +456,15 @@ SIGNALS += [
         ("exit_code", "signal", "expected"),
     ),
     _e(
+        "ep_fallback",
+        "An ONNX Runtime execution-provider line (moptd/serving/onnxruntime.py): kind "
+        "create_failed (Failed to create CUDAExecutionProvider), library_missing (the provider "
+        "library did not load; library is the shared object not found), retry (EP Error, "
+        "Falling back to [...]) or applied (the session's providers); to is cpu when the "
+        "session is left with the CPU provider alone, gpu when a GPU provider remains.",
+        ("provider", "kind", "to", "library"),
+    ),
+    _e(
         "gate",
         "A pre-start gate refused to start the managed serving process; code is the "
         "diagnosis code (PORT_CONFLICT, TOKENIZER_MISSING, ...).",

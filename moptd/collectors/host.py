@@ -1,4 +1,4 @@
-"""Host collector: memory, swap, CPU, load, watched file systems, vm.swappiness.
+"""Host collector: memory, swap, CPU, load, watched file systems, vm.swappiness, WSL2.
 
 Reads /proc through the context's procfs root, and disk usage and the CPU count through
 its Source: the live host, or a bundle's host/ files in replay (moptd.bundle), so a bundle
@@ -8,6 +8,7 @@ and a live host give the same samples from the same evidence.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -15,7 +16,7 @@ from typing import ClassVar
 from moptd.collector import Collector, CollectorContext, Option
 from moptd.host_source import source_of
 from moptd.observations import NODE, Batch, labels_of
-from moptd.proc import procfs
+from moptd.proc import procfs, wsl
 from moptd.proc.files import OpenFiles
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -29,12 +30,26 @@ class HostCollector(Collector):
     default_timeout = 5.0
     options: ClassVar[Mapping[str, Option]] = {
         "model_dirs": Option(list, [], "Model directories whose file systems are watched."),
+        "wsl_lib_dir": Option(
+            str,
+            wsl.WSL_LIB_DIR,
+            "On WSL2: where the Windows driver's libraries are mounted (libcuda.so.1).",
+        ),
+        "guest_lib_dirs": Option(
+            list,
+            list(wsl.GUEST_LIB_DIRS),
+            "On WSL2: library directories where a Linux NVIDIA driver installed in the guest "
+            "would put its libraries.",
+        ),
     }
+    # The guest's library directories hold thousands of files: listed once a minute at most.
+    GUEST_LIBS_INTERVAL = 60.0
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
         self._prev_cpu: tuple[float, float] | None = None
         self._files = OpenFiles()
+        self._guest_libs: tuple[float, int] | None = None  # (monotonic time, count)
 
     def watched_paths(self) -> list[Path]:
         paths = [Path(p) for p in self.ctx.global_options.get("watch_paths", ())]
@@ -125,4 +140,43 @@ class HostCollector(Collector):
                     used / (used + avail_b) if used + avail_b else 0.0,
                     lab,
                 )
+        self._wsl(b, proc)
         return b
+
+    def _wsl(self, b: Batch, proc: Path) -> None:
+        """node.wsl2, and on WSL2 the Windows driver's library mount and any Linux driver
+        libraries installed in the guest (docs/wsl.md)."""
+        release = self._optional(proc / "sys/kernel/osrelease").strip()
+        if not release:
+            release = wsl.release_of(self._optional(proc / "version"))
+        generation = wsl.wsl_generation(release)
+        dxg = not self.ctx.recorded and os.path.exists(self.ctx.devfs / "dxg")
+        if generation != 2 and not dxg:
+            if release:
+                b.add("node.wsl2", NODE, 0.0)
+            return
+        b.add("node.wsl2", NODE, 1.0)
+        # A recording holds a directory only where it names one (moptd.bundle.sources lays
+        # host/wsl_lib.txt and host/guest_libs.txt out as directories): the defaults would
+        # read the replaying machine's own.
+        recorded = self.ctx.recorded
+        if not recorded or "wsl_lib_dir" in self.ctx.options:
+            lib_dir = self.ctx.host_path(str(self.option("wsl_lib_dir")))
+            b.add("node.wsl_lib_present", NODE, float(wsl.has_cuda_stub(_names(lib_dir))))
+        if recorded and "guest_lib_dirs" not in self.ctx.options:
+            return
+        now = time.monotonic()
+        if self._guest_libs is None or now - self._guest_libs[0] >= self.GUEST_LIBS_INTERVAL:
+            count = 0
+            for d in self.option("guest_lib_dirs"):
+                count += len(wsl.guest_driver_libraries(_names(self.ctx.host_path(str(d)))))
+            self._guest_libs = (now, count)
+        b.add("node.wsl_guest_driver_libs", NODE, float(self._guest_libs[1]))
+
+
+def _names(directory: Path) -> list[str]:
+    """The names in a directory; none when it is absent or unreadable."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []

@@ -173,6 +173,14 @@ CODES: dict[str, Code] = {
             '("CUDA driver version is insufficient for CUDA runtime version")'
         ),
     ),
+    "WSL_GUEST_DRIVER_INSTALLED": Code(
+        "driver",
+        "critical",
+        (
+            "a Linux NVIDIA driver is installed inside a WSL2 guest: its libraries shadow the "
+            "Windows driver's in /usr/lib/wsl/lib, which NVIDIA's CUDA on WSL guide forbids"
+        ),
+    ),
     "CONTAINER_RUNTIME_NOT_CONFIGURED": Code(
         "container",
         "warning",
@@ -267,6 +275,15 @@ CODES: dict[str, Code] = {
             "a kernel of the serving process hit an illegal memory access (a sticky CUDA error: "
             "the process must restart); a software fault unless Xid 48/79-class errors come "
             "with it"
+        ),
+    ),
+    "ONNXRUNTIME_CPU_FALLBACK": Code(
+        "framework",
+        "critical",
+        (
+            "ONNX Runtime could not load its CUDA execution provider and runs the model on the "
+            "CPU (Failed to create CUDAExecutionProvider, Falling back to CPUExecutionProvider): "
+            "it still answers, at CPU speed"
         ),
     ),
     "TOKENIZER_MISSING": Code(

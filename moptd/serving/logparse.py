@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from moptd.serving.engines import log_parsers
 from moptd.serving.logrecord import LogRecord, MessageParser, number
+from moptd.serving.onnxruntime import LOG_PARSERS as ONNXRUNTIME_PARSERS
 from moptd.serving.oom import bare_fields, bare_oom, parse_oom
 
 # vLLM's prefix: V1 ``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file:line] ``, V0
@@ -278,6 +279,7 @@ def _version(msg: str) -> LogRecord | None:
 # (cheap substring that every matching message contains, parser)
 _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     *log_parsers(),  # the engines' own lines first (vLLM's stats line, SGLang's decode batch)
+    *ONNXRUNTIME_PARSERS,  # execution providers that did not load (moptd/serving/onnxruntime.py)
     ("KV cache size", _kv_capacity),
     ("Available KV cache memory: -", _kv_memory),
     ("Available KV cache memory: 0", _kv_memory),
