@@ -90,6 +90,9 @@ async def run_checks(config: Any) -> list[Check]:
     checks = [*problems, *collector_checks(health), *finding_checks(store, config.rule_paths)]
     checks.extend(await asyncio.to_thread(host_checks, store, config))
     checks.extend(await asyncio.to_thread(serving_checks, managed, store))
+    from moptd.cli.doctor_checklist import checklist_checks  # the production checklist
+
+    checks.extend(await asyncio.to_thread(checklist_checks, config, managed, store))
     return checks
 
 
