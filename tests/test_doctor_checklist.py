@@ -184,6 +184,16 @@ def test_trtllm_and_sglang_error_lines() -> None:
     assert "Traceback (most recent call last):" in errors.detail
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=300), max_size=40))
+def test_any_log_text_gives_checks_never_a_crash(tmp_path_factory, lines) -> None:
+    log = tmp_path_factory.mktemp("log") / "log.txt"
+    log.write_text("\n".join(lines), errors="surrogatepass")
+    errors, graphs = dc.log_checks("x", log)
+    assert errors.status in ("ok", "warning")
+    assert graphs.status in ("ok", "warning", "skipped")
+
+
 def test_a_missing_log_is_skipped(tmp_path: Path) -> None:
     (only,) = dc.log_checks("main", tmp_path / "log.txt")
     assert only.status == "skipped"
@@ -285,6 +295,10 @@ def test_checklist_gates_pass_the_real_model_and_refuse_the_truncated(tmp_path: 
         if not g.ok
     ]
     assert refused == ["tokenizer_loads", "weights_load"]
+    # what a managed start would run: the file-name gates pass, the checklist refuses
+    every = gc.run_all_gates(Managed("llm", ("vllm",), model_dir=bad, device="cpu", port=1))
+    assert [g.check for g in every if not g.ok][-2:] == ["tokenizer_loads", "weights_load"]
+    assert {g.check for g in every if g.ok} >= {"model_config", "tokenizer", "weights"}
 
 
 # --- `moptd doctor` as an SRE reads it ---
