@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,14 @@ from moptd.cli import doctor_checklist as dc
 from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext
 from moptd.collectors.serving import ServingCollector
+from moptd.diagnose.service import RuleService
+from moptd.findings.db import FILE_NAME, FindingsDB, transition_record
+from moptd.observations import Batch
 from moptd.serving import gates_checklist as gc
 from moptd.serving.spec import Managed
 from moptd.store import SignalStore
 from tests import test_latency_histograms
+from tests.api_helpers import wait_socket
 from tests.conftest import FIXTURES, REPO
 from tests.daemon_proc import DaemonProcess
 
@@ -257,23 +262,75 @@ async def test_an_idle_engine_has_no_latency_to_judge(vllm_page, tmp_path) -> No
 # --- the memory-leak soak, from the daemon ---
 
 
-def test_without_a_daemon_the_leak_check_says_what_it_cannot_see(tmp_path: Path) -> None:
-    c = dc.leak_check(tmp_path / "no.sock")
+def test_without_a_daemon_or_its_database_the_leak_check_says_what_it_cannot_see(
+    tmp_path: Path,
+) -> None:
+    c = dc.leak_check(tmp_path / "no.sock", tmp_path)
     assert c.status == "skipped"
     assert "cannot see a slope" in c.detail
 
 
 def test_a_young_daemon_has_no_24h_answer_yet(tmp_path: Path) -> None:
-    from tests.api_helpers import wait_socket
-
     d = DaemonProcess(tmp_path).start()
     try:
         wait_socket(d.socket, d.proc)
-        c = dc.leak_check(d.socket)
+        c = dc.leak_check(d.socket, d.state_dir)
     finally:
         d.stop()
     assert c.status == "skipped"
     assert c.detail.startswith("no leak finding, but the daemon has run 0.0 h of the 24 h")
+    # stopped, it left its database: read read-only, it has nothing to say on how long
+    c = dc.leak_check(d.socket, d.state_dir)
+    assert c.status == "skipped"
+    assert "holds no GPU_MEMORY_LEAK finding in 24 h" in c.detail
+
+
+def record_a_leak(state_dir: Path) -> None:
+    """The findings database of a daemon that watched GPU 0's memory grow 10 MB every
+    15 s for an hour at flat utilisation: the shipped rules, the real rule engine and the
+    real database writer, on a virtual clock that ends now (the rules test's leak case)."""
+    clock = VirtualClock(time.time() - 3750)
+    store = SignalStore(clock)
+    rules = RuleService(store, clock, [REPO / "rules"])
+    db = FindingsDB(state_dir / FILE_NAME).open()
+    try:
+        for i in range(250):
+            b = Batch()
+            b.add("gpu.memory_used", "gpu:0", 60e9 + 10e6 * i)
+            b.add("gpu.util", "gpu:0", 0.5)
+            store.ingest("nvml", b)
+            for tr in rules.tick():
+                db.record_transition(
+                    transition_record(
+                        tr.t, tr.rule, tr.subject, tr.code, tr.severity, tr.old, tr.new, tr.summary
+                    )
+                )
+            clock.advance(15)
+        db.flush()
+    finally:
+        db.close()
+
+
+def test_a_leak_the_stopped_daemon_recorded_is_a_warning(tmp_path: Path) -> None:
+    record_a_leak(tmp_path)
+    c = dc.leak_check(tmp_path / "no.sock", tmp_path)
+    assert (c.status, c.code) == ("warning", "GPU_MEMORY_LEAK")
+    assert f"in {tmp_path / FILE_NAME} (the daemon is not running)" in c.detail
+    assert "the latest: gpu:0: used memory grows by 2.235 GiB per hour" in c.detail
+
+
+def test_a_running_daemon_reports_the_leak_it_recorded(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path)
+    d.state_dir.mkdir(parents=True, exist_ok=True)
+    record_a_leak(d.state_dir)
+    d.start()
+    try:
+        wait_socket(d.socket, d.proc)
+        c = dc.leak_check(d.socket, d.state_dir)
+    finally:
+        d.stop()
+    assert (c.status, c.code) == ("warning", "GPU_MEMORY_LEAK")
+    assert c.detail.startswith("1 finding(s) in 24 h; the latest: gpu:0: used memory grows by")
 
 
 # --- gates for a managed start ---

@@ -31,7 +31,7 @@ def checklist_checks(config: Any, managed: Any, store: Any) -> list[Check]:
     from moptd.serving.gates_checklist import checklist_gates
 
     doctor = (config.raw or {}).get("doctor") or {}
-    out = [leak_check(config.api_socket)]
+    out = [leak_check(config.api_socket, Path(config.state_dir))]
     out.extend(latency_checks(store, _objective(doctor)))
     for name, path in log_files(config, managed):
         out.extend(log_checks(name, path, cpu=managed is not None and managed.device == "cpu"))
@@ -56,10 +56,11 @@ def _objective(doctor: dict[str, Any]) -> float | None:
     return None if raw is None else parse_duration(raw)  # checked when the config loaded
 
 
-def leak_check(api_socket: Path) -> Check:
-    """GPU_MEMORY_LEAK over the last 24 h, from the daemon's findings database: its rule
-    (rules/serving/serving.rules.yaml, gpu-memory-leak) watches the slope of used memory
-    over an hour, and every finding it raised is stored."""
+def leak_check(api_socket: Path, state_dir: Path) -> Check:
+    """GPU_MEMORY_LEAK over the last 24 h, from the daemon: its rule (gpu-memory-leak in
+    rules/serving/serving.rules.yaml) watches the slope of used memory over an hour, and
+    every finding it raised is stored. A running daemon answers on its API; a stopped one
+    left its findings database, read here read-only."""
     from moptd.cli.client import DaemonUnreachable, get_json
 
     name = "checklist GPU memory leak (24 h)"
@@ -67,21 +68,13 @@ def leak_check(api_socket: Path) -> Check:
         health = get_json(api_socket, "/v1/health", timeout=2.0)
         body = get_json(api_socket, f"/v1/findings?code=GPU_MEMORY_LEAK&since={LEAK_WINDOW:.0f}s")
     except DaemonUnreachable:
-        return Check(
-            name,
-            "skipped",
-            "no daemon answers at the API socket: one pass takes one sample per GPU and "
-            "cannot see a slope (run moptd as a daemon for 24 h)",
-        )
-    seen = [*body.get("active", []), *body.get("history", [])]
+        return _stored_leaks(name, state_dir)
+    history = body.get("history", [])
+    stored = {f.get("id") for f in history}
+    # an active finding carries the id of its stored row once it has one: count it once
+    seen = [*(f for f in body.get("active", []) if f.get("id") not in stored), *history]
     if seen:
-        f = seen[0]
-        return Check(
-            name,
-            "warning",
-            f"{len(seen)} finding(s) in 24 h; {f.get('subject', '?')}: {f.get('summary', '')}",
-            "GPU_MEMORY_LEAK",
-        )
+        return _leak_warning(name, seen, "")
     uptime = float(health.get("uptime_seconds") or 0.0)
     if uptime < LEAK_WINDOW:
         return Check(
@@ -91,6 +84,44 @@ def leak_check(api_socket: Path) -> Check:
         )
     return Check(
         name, "ok", f"no GPU_MEMORY_LEAK finding in 24 h (daemon up {uptime / 3600:.0f} h)"
+    )
+
+
+def _leak_warning(name: str, seen: list[dict[str, Any]], where: str) -> Check:
+    f = seen[0]
+    return Check(
+        name,
+        "warning",
+        f"{len(seen)} finding(s) in 24 h{where}; the latest: {f.get('summary', '')}",
+        "GPU_MEMORY_LEAK",
+    )
+
+
+def _stored_leaks(name: str, state_dir: Path) -> Check:
+    import contextlib
+    import time
+
+    from moptd.findings import db as fdb
+
+    alone = "one pass takes one sample per GPU and cannot see a slope"
+    path = state_dir / fdb.FILE_NAME
+    conn = fdb.open_read_only(path)
+    if conn is None:
+        return Check(
+            name,
+            "skipped",
+            f"no daemon answers at the API socket and no findings database at {path}: "
+            f"{alone} (run moptd as a daemon for 24 h)",
+        )
+    with contextlib.closing(conn):
+        seen = fdb.query_findings(conn, code="GPU_MEMORY_LEAK", since=time.time() - LEAK_WINDOW)
+    if seen:
+        return _leak_warning(name, seen, f" in {path} (the daemon is not running)")
+    return Check(
+        name,
+        "skipped",
+        f"no daemon answers; {path} holds no GPU_MEMORY_LEAK finding in 24 h, but not how "
+        f"long the daemon ran in that time; {alone}",
     )
 
 
