@@ -151,8 +151,8 @@ def test_any_bytes_as_tokenizer_json_give_a_result_never_a_crash(tmp_path_factor
 def test_build_space_asks_for_twice_the_weights(tmp_path: Path) -> None:
     r = gc.check_build_space(tmp_path / "engines" / "not-yet", TINY)
     assert r.ok, r.reason  # 6.5 MiB on this machine's disk
-    need = 2 * (TINY / "model.safetensors").stat().st_size / 2**30
-    assert f"a build needs {need:.1f} GiB" in r.reason
+    need = 2 * (TINY / "model.safetensors").stat().st_size
+    assert f"a build needs {need / 2**20:.1f} MiB (2 x the weights)" in r.reason
 
 
 # --- engine logs ---

@@ -132,7 +132,13 @@ def latency_checks(store: Any, objective: float | None) -> list[Check]:
 
     subjects = store.signal_subjects("serving.e2e_request_latency")
     if not subjects:
-        return [Check("checklist P99.9 latency", "skipped", "no serving endpoint's histogram read")]
+        return [
+            Check(
+                "checklist P99.9 latency",
+                "skipped",
+                "no serving endpoint answered with a latency histogram",
+            )
+        ]
     out = []
     for subject in subjects:
         name = f"checklist P99.9 latency {subject}"

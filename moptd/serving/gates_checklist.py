@@ -193,7 +193,7 @@ def check_weights_load(model_dir: Path) -> GateResult:
         return GateResult("weights_load", False, "", str(exc))
     tensors = sum(len(h.tensors) for h in headers)
     total = sum(h.path.stat().st_size for h in headers)
-    detail = f"{len(files)} safetensors files, {tensors} tensors, {total / 2**30:.2f} GiB"
+    detail = f"{len(files)} safetensors file(s), {tensors} tensors, {human_size(total)}"
     return GateResult("weights_load", True, "", detail + (f", {layers} layers" if layers else ""))
 
 
@@ -237,6 +237,11 @@ def _check_layers(model_dir: Path, headers: Iterable[SafetensorsHeader]) -> int:
     return want
 
 
+def human_size(n: float) -> str:
+    """Bytes as people read them: GiB from 1 GiB up, else MiB."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def weights_bytes(model_dir: Path) -> int:
     return sum(
         p.stat().st_size
@@ -258,7 +263,7 @@ def check_build_space(build_dir: Path, model_dir: Path | None) -> GateResult:
     free = st.f_bavail * st.f_frsize
     if model_dir is None or not model_dir.is_dir():
         return GateResult(
-            "engine_build_space", True, "", f"{build_dir}: {free / 2**30:.1f} GiB free (no model)"
+            "engine_build_space", True, "", f"{build_dir}: {human_size(free)} free (no model)"
         )
     need = BUILD_SPACE_FACTOR * weights_bytes(model_dir)
     ok = free >= need
@@ -266,7 +271,7 @@ def check_build_space(build_dir: Path, model_dir: Path | None) -> GateResult:
         "engine_build_space",
         ok,
         "" if ok else "DISK_SPACE_LOW",
-        f"{build_dir}: {free / 2**30:.1f} GiB free, a build needs {need / 2**30:.1f} GiB "
+        f"{build_dir}: {human_size(free)} free, a build needs {human_size(need)} "
         f"({BUILD_SPACE_FACTOR:g} x the weights)",
     )
 
