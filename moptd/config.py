@@ -173,6 +173,20 @@ SCHEMA: dict[str, Any] = {
             "File systems to watch for space (the state dir is always added).",
         ),
     },
+    "doctor": {
+        "latency_p999_objective": (
+            (str, int, float, type(None)),
+            None,
+            "Objective for the P99.9 end-to-end request latency that `moptd doctor` checks "
+            "each serving endpoint's histogram against (e.g. 3s); null: reported, not judged.",
+        ),
+        "engine_build_dir": (
+            (str, type(None)),
+            None,
+            "Where TensorRT-LLM engines are built: `moptd doctor` checks it has room for "
+            "twice the managed model's weights (checkpoint and engine); null: not checked.",
+        ),
+    },
 }
 _COLLECTOR_COMMON = {
     "enabled": (bool,),
@@ -456,6 +470,8 @@ def _build(
         raise _KeyProblem(("rules", "paths"), 0, "must be a list of paths")
     rule_interval = _bounded_duration(m, ("rules", "interval"), *_INTERVALS)
     retention = _bounded_duration(m, ("store", "retention"), MIN_RETENTION, MAX_RETENTION)
+    if m["doctor"]["latency_p999_objective"] is not None:  # doctor reads it from raw
+        _bounded_duration(m, ("doctor", "latency_p999_objective"), 0.001, MAX_INTERVAL)
     return Config(
         source=source,
         state_dir=Path(m["state_dir"]).expanduser(),

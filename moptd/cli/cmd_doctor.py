@@ -96,7 +96,14 @@ async def run_checks(config: Any) -> list[Check]:
     checks.extend(await asyncio.to_thread(serving_checks, managed, store))
     from moptd.cli.doctor_trt import trt_engine_checks
 
-    checks.extend(await asyncio.to_thread(trt_engine_checks, managed))
+    checks.extend(
+        await asyncio.to_thread(
+            trt_engine_checks, managed, doctor_versions.installed(config, managed)
+        )
+    )
+    from moptd.cli.doctor_checklist import checklist_checks  # the production checklist
+
+    checks.extend(await asyncio.to_thread(checklist_checks, config, managed, store))
     return checks
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from moptd.cli.cmd_doctor import Check
 from moptd.observations import NODE
 from moptd.serving import version_lock
-from moptd.serving.environment import site_packages_of
+from moptd.serving.environment import installed_versions, site_packages_of
 
 # (view name, distributions that stand for it, first found wins)
 COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -56,6 +56,18 @@ def environments(config: Any, managed: Any) -> list[tuple[str, list[Path]]]:
     elif extra:
         out.append(("configured", extra))
     return out
+
+
+def installed(config: Any, managed: Any) -> dict[str, str] | None:
+    """The managed engine's installed distributions (for the TensorRT-LLM engine check);
+    None without a managed engine or a site-packages to read. Blocking: run on a thread."""
+    if managed is None:
+        return None
+    try:
+        sps = site_packages_of(managed.command, configured_site_packages(config))
+    except ValueError:
+        return None  # the versions view reports the bad setting
+    return installed_versions(sps) if sps else None
 
 
 def build_record(store: Any, config: Any, managed: Any) -> version_lock.VersionsRecord:
