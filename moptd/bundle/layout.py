@@ -43,7 +43,7 @@ SERVING_DIR = {
     "trtllm-log": "trtllm",
     "python-log": "app",
 }
-SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
+SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl", "environ.txt")
 SINGLE = frozenset(
     {rel for rel, _ in FILES}
     | {DF, DEV_NODES, DKMS, TOOLKIT, MODPROBE, SAMPLES, "host/listening.txt"}
