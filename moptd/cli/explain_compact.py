@@ -245,9 +245,9 @@ def incident_block(
     for label, text in action_lines(f):
         _field(console, label, text, True)  # a command is never wrapped
     for c in inc.consequences:
-        # "then:" where a link says it follows from a finding of this block, "also:" else
+        # "led to:" where a link says it follows from a finding of this block, "also:" else
         then = isinstance(c.get("caused_by"), dict) and any(linked(g, c) for g in inc.findings)
-        line = Text("   then: " if then else "   also: ", style="bold")
+        line = Text("   led to: " if then else "   also: ", style="bold")
         csev = str(c.get("severity", "info"))
         line.append(f"{csev.upper()} {c.get('code')} on {c.get('subject')}: ", style="bold")
         line.append(str(c.get("summary") or ""))

@@ -183,7 +183,7 @@ def _validate(doc: object, file: str) -> list[RuleError]:
         msg = err.message
         if err.validator == "additionalProperties":
             msg = msg.replace("Additional properties are not allowed", "unknown key")
-        elif path and path[-1] in ("for", "keep_firing_for"):
+        elif path and path[-1] in ("for", "keep_firing_for", "within"):
             msg = f"{err.instance!r} is not a duration (use e.g. 30s, 5m, 1h30m)"
         elif err.validator == "oneOf":
             in_actions = len(path) >= 2 and path[-2] == "actions"
