@@ -364,3 +364,16 @@ def test_the_collector_reads_the_cuda_variables_of_a_real_process():
         child.wait()
     assert got == {"CUDA_VISIBLE_DEVICES": UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert _environ(Path("/proc"), 2**22 + 1) is None  # no such process: unknown, no error
+
+
+def test_an_untimed_replay_gives_no_time_for_when_the_cause_fired():
+    from moptd.diagnose.replay import _undate
+
+    entry: dict[str, object] = {
+        "first_seen": 219.4,
+        "last_seen": 230.0,
+        "caused_by": {"code": "GPU_LOST", "since": 219.4},
+    }
+    _undate(entry, "kernel boot")
+    assert entry["first_seen"] is None
+    assert entry["caused_by"] == {"code": "GPU_LOST", "since": None}

@@ -263,6 +263,9 @@ def _undate(entry: dict[str, object], relative_to: str, only_zero: bool = False)
         entry["relative"] = relative
     if only_zero:
         entry["untimed"] = True
+    by = entry.get("caused_by")
+    if isinstance(by, dict) and (not only_zero or by.get("since") == 0.0):
+        by["since"] = None  # when the cause fired is no Unix time either
 
 
 def _unconfirmed(
