@@ -354,14 +354,17 @@ def test_the_collector_reads_the_cuda_variables_of_a_real_process():
     from moptd.collectors.serving import _environ
 
     env = {"CUDA_VISIBLE_DEVICES": UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SECRET": "x"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(30)"], env=env, stdin=subprocess.DEVNULL
-    )
-    try:
-        got = _environ(Path("/proc"), child.pid)
-    finally:
-        child.kill()
-        child.wait()
+    # the child says it runs: before its exec, /proc/PID/environ is still this process's
+    script = "import time; print('ready', flush=True); time.sleep(30)"
+    with subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+    ) as child:
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline() == b"ready\n"
+            got = _environ(Path("/proc"), child.pid)
+        finally:
+            child.kill()
     assert got == {"CUDA_VISIBLE_DEVICES": UUID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert _environ(Path("/proc"), 2**22 + 1) is None  # no such process: unknown, no error
 
