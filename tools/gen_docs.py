@@ -27,6 +27,7 @@ from moptd.collectors import registry  # noqa: E402
 from moptd.config import full_schema  # noqa: E402
 from moptd.daemon.exporter import SUBJECT_LABELS  # noqa: E402
 from moptd.diagnose.codes import CODES, LAYERS, SEVERITIES  # noqa: E402
+from moptd.diagnose.links import JOINS  # noqa: E402
 from moptd.diagnose.model import ACTION_KINDS  # noqa: E402
 from moptd.serving.engines import REGISTRY  # noqa: E402
 
@@ -205,6 +206,10 @@ def rules_schema(text: str) -> str:
     verdict = schema["$defs"]["verdict"]["properties"]
     verdict["code"]["enum"] = list(CODES)
     verdict["severity"]["enum"] = list(SEVERITIES)
+    link = schema["$defs"]["link"]["properties"]
+    link["consequence"]["items"]["enum"] = list(CODES)
+    link["cause"]["items"]["enum"] = list(CODES)
+    link["join"]["enum"] = list(JOINS)
     return json.dumps(schema, indent=2) + "\n"
 
 

@@ -44,7 +44,7 @@ SERVING_DIR = {
     "onnxruntime-log": "onnxruntime",
     "python-log": "app",
 }
-SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
+SERVING_FILES = ("log.txt", "cmdline.txt", "model_files.txt", "health.jsonl", "environ.txt")
 VERSIONS = "versions.json"  # moptd record's version-lock record (moptd/serving/version_lock.py)
 SINGLE = frozenset(
     {rel for rel, _ in FILES}

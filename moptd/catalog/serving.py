@@ -116,10 +116,22 @@ SIGNALS = [
         "gpu",
         "info",
         "",
-        "1 for each GPU the serving process runs on; join GPU series on (instance, gpu) "
-        "to put them next to the serving endpoint.",
+        "1 for each GPU the managed serving process may use, as its CUDA_VISIBLE_DEVICES "
+        "names them: a GPU UUID (or its prefix), or an index where CUDA_DEVICE_ORDER is "
+        "PCI_BUS_ID (CUDA's default order need not be NVML's). Join GPU series on "
+        "(instance, gpu) to put them next to the serving endpoint.",
         "moptd_serving_gpu_info",
         ("gpu",),
+    ),
+    _s(
+        "process",
+        "info",
+        "",
+        "1 for each process of the managed serving process's tree (its process group): "
+        "with NVML's process list (moptd_gpu_process_memory_used_bytes) it says which GPUs "
+        "the engine runs on.",
+        "moptd_serving_process_info",
+        ("pid",),
     ),
 ]
 

@@ -301,20 +301,37 @@ def bundle_gpus(tl: Any) -> list[dict[str, Any]]:
 # --- related findings and NVIDIA's actions ---
 
 
+_RELATED_KEYS = ("id", "code", "subject", "severity", "state", "summary")
+
+
 def add_related(findings: list[dict[str, Any]]) -> None:
-    """Findings on the same GPU (by subject or PCI address) belong to the same incident."""
+    """Findings on the same GPU (by subject or PCI address) belong to the same incident, and
+    so do a cause and its consequences on other subjects (caused_by: an engine's stall
+    after a fault of its GPU). A linked one says how: `"link": "cause"` or
+    `"consequence"`, with the link's id."""
+    from moptd.cli.explain_order import linked
+
     for f in findings:
-        if f.get("related"):
-            continue
-        f["related"] = [
-            {k: g.get(k) for k in ("id", "code", "subject", "severity", "state", "summary")}
-            for g in findings
-            if g is not f
-            and (
+        given = list(f.get("related") or [])  # the daemon's: the same subject, from its history
+        related = []
+        for g in findings:
+            if g is f:
+                continue
+            entry = {k: g.get(k) for k in _RELATED_KEYS}
+            if linked(g, f):
+                related.append({**entry, "link": "cause", "by": f["caused_by"].get("link")})
+            elif linked(f, g):
+                related.append({**entry, "link": "consequence", "by": g["caused_by"].get("link")})
+            elif not given and (
                 g.get("subject") == f.get("subject")
                 or (f.get("pci_bus_id") and g.get("pci_bus_id") == f.get("pci_bus_id"))
-            )
-        ]
+            ):
+                related.append(entry)
+        shown = {(r.get("code"), r.get("subject")) for r in related}
+        related += [r for r in given if (r.get("code"), r.get("subject")) not in shown]
+        # the cause first, then what follows from this one, then the same subject's
+        order = {"cause": 0, "consequence": 1}
+        f["related"] = sorted(related, key=lambda r: order.get(str(r.get("link")), 2))
 
 
 def enrich(f: dict[str, Any]) -> dict[str, Any]:

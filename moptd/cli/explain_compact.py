@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from moptd.cli.explain_facts import deciding_events
-from moptd.cli.explain_order import Incident
+from moptd.cli.explain_order import Incident, linked
 from moptd.diagnose.engine import fmt
 from moptd.diagnose.replay import UNCONFIRMED
 from moptd.proc.pci import pci_key
@@ -245,7 +245,9 @@ def incident_block(
     for label, text in action_lines(f):
         _field(console, label, text, True)  # a command is never wrapped
     for c in inc.consequences:
-        line = Text("   also: ", style="bold")
+        # "led to:" where a link says it follows from a finding of this block, "also:" else
+        then = isinstance(c.get("caused_by"), dict) and any(linked(g, c) for g in inc.findings)
+        line = Text("   led to: " if then else "   also: ", style="bold")
         csev = str(c.get("severity", "info"))
         line.append(f"{csev.upper()} {c.get('code')} on {c.get('subject')}: ", style="bold")
         line.append(str(c.get("summary") or ""))

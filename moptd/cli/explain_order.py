@@ -1,6 +1,8 @@
 """Which finding `moptd explain` shows first: causes before their consequences, then severity.
 
 The knowledge is data (the tables below), read by `incidents()`:
+- a finding's own `caused_by` (a link the rules drew across subjects: an engine's stall
+  after a fault of its GPU, moptd.diagnose.links) comes first;
 - `NODE_CAUSES`: node-wide causes and the findings they explain on any subject;
 - `SAME_SUBJECT`: causes and the findings they explain on the same GPU or serving endpoint;
 - `LAYER_ORDER`: the order of layers when nothing else decides (a broken driver stack before
@@ -99,7 +101,20 @@ def _keys(f: dict[str, Any]) -> set[str]:
     return keys
 
 
+def linked(cause: dict[str, Any], other: dict[str, Any]) -> bool:
+    """`other` says it follows from `cause` (its caused_by names cause's code and subject,
+    and its rule where both say one)."""
+    by = other.get("caused_by")
+    if not isinstance(by, dict):
+        return False
+    if by.get("code") != cause.get("code") or by.get("subject") != cause.get("subject"):
+        return False
+    return not (by.get("rule") and cause.get("rule") and by.get("rule") != cause.get("rule"))
+
+
 def explains(cause: dict[str, Any], other: dict[str, Any]) -> bool:
+    if linked(cause, other):
+        return True
     code, other_code = str(cause.get("code")), str(other.get("code"))
     if other_code in NODE_CAUSES.get(code, frozenset()):
         return True
@@ -155,6 +170,11 @@ def incidents(findings: Iterable[dict[str, Any]]) -> list[Incident]:
     ordered = sorted(findings, key=_sort_key)
     explained: dict[int, int] = {}  # id(consequence) -> index of its cause in `ordered`
     for i, f in enumerate(ordered):
+        # the cause a link names wins over the tables' guesses
+        link = next((j for j, c in enumerate(ordered) if j != i and linked(c, f)), None)
+        if link is not None:
+            explained[id(f)] = link
+            continue
         for j, cause in enumerate(ordered):
             if i != j and explains(cause, f) and not explains(f, cause):
                 # a cause that is itself explained hands the consequence to its own root

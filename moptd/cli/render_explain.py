@@ -31,6 +31,7 @@ __all__ = ["ago", "finding_block", "print_explain", "print_status_findings", "wh
 
 _SEVERITY_STYLE = SEVERITY_STYLE
 _MARK = {True: ("✓", "green"), False: ("✗", "dim"), None: ("?", "yellow")}
+_LINK_WORDS = {"cause": "its cause: ", "consequence": "follows from it: "}
 
 
 def _value(v: Any) -> str:
@@ -112,6 +113,12 @@ def finding_block(f: dict[str, Any], now: float, gpus: list[dict[str, Any]] | No
     where = where_line(Incident(root=f, group=[f]), gpus or [])
     if where:
         parts.append(Text(f"  where: {where}"))
+    by = f.get("caused_by")
+    if isinstance(by, dict):
+        tag = f"#{by['id']} " if by.get("id") is not None else ""
+        parts.append(
+            Text(f"  caused by: {tag}{by.get('code')} on {by.get('subject')} ({by.get('link')})")
+        )
     parts.append(Text(""))
     parts.append(_path_tree(f))
     ev = _evidence(f)
@@ -136,9 +143,10 @@ def finding_block(f: dict[str, Any], now: float, gpus: list[dict[str, Any]] | No
         parts.append(Text("Related findings (same incident)", style="bold"))
         for r in related:
             tag = f"#{r['id']} " if r.get("id") is not None else ""
+            how = _LINK_WORDS.get(str(r.get("link")), "")
             parts.append(
                 Text(
-                    f"  {tag}{r.get('code')} on {r.get('subject')} ({r.get('state')})"
+                    f"  {how}{tag}{r.get('code')} on {r.get('subject')} ({r.get('state')})"
                     f": {r.get('summary', '')}"
                 )
             )

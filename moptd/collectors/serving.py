@@ -39,7 +39,13 @@ from moptd.serving.http import FetchError, new_session, request
 from moptd.serving.logsource import LogFollower, fill_log_state
 from moptd.serving.probes import ProbeResult, probe_generate, probe_health, probe_models
 from moptd.serving.promtext import PromLimitError, PromParseError, ScrapeLimits
-from moptd.serving.signals import HistogramWindow, fill_view
+from moptd.serving.signals import (
+    MAX_ENVIRON_BYTES,
+    HistogramWindow,
+    cuda_environ,
+    fill_engine_gpus,
+    fill_view,
+)
 from moptd.serving.spec import (
     Endpoint,
     Managed,
@@ -244,6 +250,8 @@ class ServingCollector(Collector):
                 share = self._cpu.update(now, cpu)
                 if share is not None:
                     out.add("serving.busiest_process_cpu", view.subject, share)
+                environ = await self.blocking(_environ, self.ctx.procfs, view.pid)
+                fill_engine_gpus(out, view.subject, [view.pid, *cpu], environ)
         if self.managed is not None:
             await self._model_files_of(self.managed, out, now)
         return out
@@ -364,6 +372,15 @@ class ServingCollector(Collector):
 
 def _engine_view(ep: Endpoint, body: bytes, limits: ScrapeLimits) -> EngineView:
     return read_page(ep.engine, ep.metrics_path, body, limits)
+
+
+def _environ(procfs: Path, pid: int) -> dict[str, str] | None:
+    """The CUDA variables of the engine's environment as it started (None: unreadable)."""
+    try:
+        with open(procfs / str(pid) / "environ", "rb") as fh:
+            return cuda_environ(fh.read(MAX_ENVIRON_BYTES))
+    except OSError:
+        return None
 
 
 def _scan(path: Path) -> gates.ModelFiles | None:

@@ -23,7 +23,8 @@ from moptd import yamlsafe
 from moptd.catalog import CATALOG, SignalSpec
 from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.diagnose.expr import Compiler, Expr, ExprError
-from moptd.diagnose.model import Action, Branch, Rule, RuleSet, Verdict
+from moptd.diagnose.links import JOINS
+from moptd.diagnose.model import Action, Branch, Link, Rule, RuleSet, Verdict
 from moptd.durations import parse_duration
 from moptd.safefs import kind_of
 
@@ -182,7 +183,7 @@ def _validate(doc: object, file: str) -> list[RuleError]:
         msg = err.message
         if err.validator == "additionalProperties":
             msg = msg.replace("Additional properties are not allowed", "unknown key")
-        elif path and path[-1] in ("for", "keep_firing_for"):
+        elif path and path[-1] in ("for", "keep_firing_for", "within"):
             msg = f"{err.instance!r} is not a duration (use e.g. 30s, 5m, 1h30m)"
         elif err.validator == "oneOf":
             in_actions = len(path) >= 2 and path[-2] == "actions"
@@ -244,6 +245,7 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
     macros: dict[str, str] = {}
     macro_at: dict[str, tuple[str, int]] = {}
     raw_rules: dict[str, tuple[_Source, _Map]] = {}
+    raw_links: dict[str, tuple[_Source, _Map]] = {}
     for src in sources:
         for name, items in src.doc.get("lists", {}).items():
             lists[name] = list(items)
@@ -253,6 +255,8 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
             macro_at[name] = (src.file, mdoc.lines[name])
         for r in src.doc.get("rules", []):
             raw_rules[r["id"]] = (src, r)  # a later file overrides by id
+        for lk in src.doc.get("links", []):
+            raw_links[lk["id"]] = (src, lk)  # likewise
 
     compilers = {
         scope: Compiler(catalog, lists, macros, scope) for scope in ("node", "gpu", "serving")
@@ -263,6 +267,12 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
         errors.extend(errs)
         if rule is not None:
             rules.append(rule)
+    links: list[Link] = []
+    for src, lk in raw_links.values():
+        link, errs = _build_link(src.file, lk, compilers)
+        errors.extend(errs)
+        if link is not None:
+            links.append(link)
     # Report macro errors even for macros no rule uses yet.
     reported = {
         n
@@ -284,7 +294,8 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
             if not any("not usable in a" in m for m in msgs):
                 errors.append(RuleError(file, line, f"macro {name!r}: {msgs[0]}"))
     errors = _dedupe(errors)
-    return Loaded(RuleSet(tuple(rules), tuple(map(str, files))), errors, lists, macros)
+    ruleset = RuleSet(tuple(rules), tuple(map(str, files)), tuple(links))
+    return Loaded(ruleset, errors, lists, macros)
 
 
 def _dedupe(errors: list[RuleError]) -> list[RuleError]:
@@ -399,6 +410,64 @@ def _build_rule(
         ),
         errors,
     )
+
+
+# The scope a link's consequence is in, by its join (its `if:` compiles there).
+_CONSEQUENCE_SCOPE = {"serving_gpus": "serving"}
+
+
+def _build_link(
+    file: str, lk: _Map, compilers: Mapping[str, Compiler]
+) -> tuple[Link | None, list[RuleError]]:
+    """A `links:` entry; the schema has checked its keys and codes' spelling."""
+    errors: list[RuleError] = []
+    lid = lk["id"]
+    for key in ("consequence", "cause"):
+        items = lk[key]
+        for i, code in enumerate(items):
+            if code not in CODES:
+                line = items.lines[i] if isinstance(items, _List) else lk.lines[key]
+                errors.append(RuleError(file, line, f"link {lid}: {key}: unknown code {code}"))
+    overlap = set(lk["consequence"]) & set(lk["cause"])
+    if overlap:
+        errors.append(
+            RuleError(
+                file,
+                lk.lines["cause"],
+                f"link {lid}: {', '.join(sorted(overlap))} is both cause and consequence",
+            )
+        )
+    join = lk["join"]
+    if join not in JOINS:  # the schema's enum says the same; kept for a clear message
+        errors.append(RuleError(file, lk.lines["join"], f"link {lid}: join: unknown join {join!r}"))
+        return None, errors
+    try:
+        within = parse_duration(lk.get("within", 0))
+    except ValueError as e:
+        errors.append(RuleError(file, lk.lines["within"], f"link {lid}: within: {e}"))
+        return None, errors
+    cond = None
+    if "if" in lk:
+        try:
+            cond = compilers[_CONSEQUENCE_SCOPE[join]].compile(lk["if"])
+        except ExprError as e:
+            errors.append(RuleError(file, lk.lines["if"], f"link {lid}: if: {e.message}"))
+    if errors:
+        return None, errors
+    link = Link(
+        id=lid,
+        title=lk["title"],
+        consequence=frozenset(lk["consequence"]),
+        cause=tuple(lk["cause"]),
+        join=join,
+        within=within,
+        file=file,
+        line=lk.line,
+        cond=cond,
+        description=lk.get("description", ""),
+        enabled=lk.get("enabled", True),
+    )
+    return link, errors
 
 
 def _verdict(

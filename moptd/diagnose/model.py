@@ -83,9 +83,28 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class Link:
+    """A cross-layer cause (moptd.diagnose.links): a finding of a `consequence` code follows
+    from one of a `cause` code on the subject `join` names."""
+
+    id: str
+    title: str
+    consequence: frozenset[str]  # codes of the finding that follows
+    cause: tuple[str, ...]  # codes of the finding it follows from
+    join: str  # how the subjects relate: a key of moptd.diagnose.links.JOINS
+    within: float  # seconds before the consequence began the cause may have resolved
+    file: str
+    line: int
+    cond: Expr | None = None  # evaluated on the consequence's subject (its scope)
+    description: str = ""
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class RuleSet:
     rules: tuple[Rule, ...]
     files: tuple[str, ...] = ()
+    links: tuple[Link, ...] = ()
 
     def by_id(self, rule_id: str) -> Rule | None:
         return next((r for r in self.rules if r.id == rule_id), None)
@@ -111,6 +130,10 @@ class Finding:
     actions: list[str] = field(default_factory=list)
     runbook: str = ""
     fire_times: list[float] = field(default_factory=list)  # for flap damping
+    # the finding this one follows from (moptd.diagnose.links): code, subject, rule, link,
+    # since; and, on a cause, the open findings that follow from it
+    caused_by: dict[str, object] | None = None
+    consequences: list[dict[str, object]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -131,6 +154,10 @@ class Finding:
             out["pci_bus_id"] = self.pci_bus_id
         if self.resolved_at is not None:
             out["resolved_at"] = self.resolved_at
+        if self.caused_by is not None:
+            out["caused_by"] = dict(self.caused_by)
+        if self.consequences:
+            out["consequences"] = [dict(c) for c in self.consequences]
         return out
 
 

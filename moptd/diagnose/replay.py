@@ -15,6 +15,7 @@ from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
+from moptd.diagnose.links import link_findings
 from moptd.diagnose.loader import RuleError, load_rules
 from moptd.diagnose.model import Branch, RuleSet
 from moptd.diagnose.timeline import Timeline
@@ -176,6 +177,7 @@ def replay_timeline(
         store.add_events(batch)
         results = evaluate(ruleset, store, t, missing, reuse=reuse, evidence_at=evidence.last)
         life.update(results, t, evidence.until)
+        link_findings(ruleset.links, life.findings, life.history, store, t, missing, evidence.last)
         for f in life.findings.values():
             if f.state != "firing":
                 continue
@@ -193,6 +195,7 @@ def replay_timeline(
         if key in seen:
             seen[key]["resolved_at"] = f.resolved_at
     _unconfirmed(life, results, evidence, seen)
+    _consequences(seen)
     unknown: list[dict[str, object]] = [
         {"rule": r.rule.id, "subject": r.subject, "conditions": r.unknown}
         for r in results
@@ -222,6 +225,30 @@ def replay_timeline(
 _TIMES = ("first_seen", "last_seen", "resolved_at")
 
 
+def _consequences(seen: dict[tuple[str, str, str], dict[str, object]]) -> None:
+    """Each cause lists every finding of the replay that follows from it, also those that
+    began after it resolved (the lifecycle lists only the open ones)."""
+    for entry in seen.values():
+        entry.pop("consequences", None)
+    for entry in seen.values():
+        by = entry.get("caused_by")
+        if not isinstance(by, dict):
+            continue
+        cause = seen.get((str(by["rule"]), str(by["subject"]), str(by["code"])))
+        if cause is None:
+            continue
+        listed = cause.setdefault("consequences", [])
+        assert isinstance(listed, list)
+        listed.append(
+            {
+                "code": entry["code"],
+                "subject": entry["subject"],
+                "rule": entry["rule"],
+                "link": by.get("link"),
+            }
+        )
+
+
 def _undate(entry: dict[str, object], relative_to: str, only_zero: bool = False) -> None:
     """Times that are no Unix times become null: all of an untimed replay's (the relative
     ones, seconds since the kernel's boot, go under "relative" where the evidence gave
@@ -236,6 +263,9 @@ def _undate(entry: dict[str, object], relative_to: str, only_zero: bool = False)
         entry["relative"] = relative
     if only_zero:
         entry["untimed"] = True
+    by = entry.get("caused_by")
+    if isinstance(by, dict) and (not only_zero or by.get("since") == 0.0):
+        by["since"] = None  # when the cause fired is no Unix time either
 
 
 def _unconfirmed(

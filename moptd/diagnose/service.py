@@ -14,6 +14,7 @@ from pathlib import Path
 from moptd.clock import Clock
 from moptd.diagnose.engine import Result, Reuse, evaluate
 from moptd.diagnose.lifecycle import Damping, Lifecycle
+from moptd.diagnose.links import link_findings
 from moptd.diagnose.loader import Loaded, RuleError, default_rules_dir, load_rules
 from moptd.diagnose.model import Finding, RuleSet, Transition
 from moptd.observations import NODE, Batch, labels_of
@@ -106,6 +107,8 @@ class RuleService:
         )
         self._count_errors(self.last_results)
         transitions = self.lifecycle.update(self.last_results, t)
+        life = self.lifecycle
+        link_findings(self.ruleset.links, life.findings, life.history, self.store, t, self.missing)
         for tr in transitions:
             log.info("finding %s %s on %s: %s -> %s", tr.rule, tr.code, tr.subject, tr.old, tr.new)
         return transitions

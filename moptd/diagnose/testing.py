@@ -10,7 +10,7 @@ go through the real kernel-log parser, and the findings that must be firing at `
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from moptd.catalog import CATALOG
 from moptd.clock import VirtualClock
 from moptd.diagnose.engine import Reuse, evaluate
 from moptd.diagnose.lifecycle import Lifecycle
+from moptd.diagnose.links import link_findings
 from moptd.diagnose.loader import RuleError, line_of, load_rules, parse_yaml
 from moptd.diagnose.model import RuleSet
 from moptd.diagnose.timeline import Timeline, TimelineError
@@ -37,7 +38,7 @@ _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[-+]?\d+)?$")
 
 TEST_KEYS = {"name", "bundle", "series", "events", "attrs", "eval_at", "expect", "interval"}
 FILE_KEYS = {"rule_files", "interval", "tests"}
-EXPECT_KEYS = {"rule", "code", "subject", "path", "severity"}
+EXPECT_KEYS = {"rule", "code", "subject", "path", "severity", "caused_by"}
 
 
 def expand_values(text: str) -> list[float | None]:
@@ -115,6 +116,8 @@ class TestReport:
     firing_tests: dict[str, int] = field(default_factory=dict)  # rule id -> count
     silent_tests: dict[str, int] = field(default_factory=dict)
     raised: set[str] = field(default_factory=set)  # rules under test that raised (reported once)
+    linked_tests: dict[str, int] = field(default_factory=dict)  # link id -> tests it links in
+    unlinked_tests: dict[str, int] = field(default_factory=dict)  # ... expected not to link
     ruleset: RuleSet | None = None
 
     @property
@@ -161,6 +164,17 @@ def run_tests(
             if not report.silent_tests.get(r.id):
                 report.errors.append(
                     RuleError(r.file, r.line, f"stable rule {r.id} has no silent test")
+                )
+        for lk in loaded.ruleset.links:
+            if not lk.enabled:
+                continue
+            if not report.linked_tests.get(lk.id):
+                report.errors.append(
+                    RuleError(lk.file, lk.line, f"link {lk.id} has no test that links")
+                )
+            if not report.unlinked_tests.get(lk.id):
+                report.errors.append(
+                    RuleError(lk.file, lk.line, f"link {lk.id} has no test that does not link")
                 )
     return report
 
@@ -318,6 +332,7 @@ def _run_test(
                     )
                 )
         life.update(results, t)
+        link_findings(ruleset.links, life.findings, life.history, store, t, missing)
     got = {
         (f.rule, f.code, f.subject): f
         for f in life.findings.values()
@@ -334,7 +349,9 @@ def _run_test(
             or set(exp) - EXPECT_KEYS
         ):
             raise _Bad(
-                "an expected finding is {rule, code, subject[, severity, path]}", "expect", k
+                "an expected finding is {rule, code, subject[, severity, path, caused_by]}",
+                "expect",
+                k,
             )
         key = (str(exp["rule"]), str(exp["code"]), str(exp["subject"]))
         want.add(key)
@@ -348,6 +365,14 @@ def _run_test(
             return f"{key}: path {f.path} is not {exp['path']}"
         if f is not None and "severity" in exp and f.severity != exp["severity"]:
             return f"{key}: severity {f.severity} is not {exp['severity']}"
+        if f is not None and "caused_by" in exp:
+            problem = _check_cause(key, f.caused_by, exp["caused_by"], k, report)
+            if problem:
+                return problem
+            if exp["caused_by"] is None:
+                for lk in ruleset.links:
+                    if f.code in lk.consequence:
+                        report.unlinked_tests[lk.id] = report.unlinked_tests.get(lk.id, 0) + 1
     for rid in under_test - {w[0] for w in want}:
         report.silent_tests[rid] = report.silent_tests.get(rid, 0) + 1
     missing_f = sorted(want - set(got))
@@ -359,6 +384,34 @@ def _run_test(
         if extra:
             parts.append("firing but not expected: " + ", ".join("/".join(k) for k in extra))
         return "; ".join(parts)
+    return None
+
+
+CAUSE_KEYS = {"code", "subject", "link"}
+
+
+def _check_cause(
+    key: tuple[str, str, str],
+    got: Mapping[str, object] | None,
+    want: object,
+    k: int,
+    report: TestReport,
+) -> str | None:
+    """`caused_by: {code, subject[, link]}` wants that cause; `caused_by: null` none (a
+    test that does not link, for every link of the finding's code)."""
+    if want is None:
+        if got is not None:
+            return f"{key}: caused by {got['code']} on {got['subject']}, expected no cause"
+        return None
+    if not isinstance(want, dict) or not {"code", "subject"} <= set(want) or set(want) - CAUSE_KEYS:
+        raise _Bad("caused_by is {code, subject[, link]} or null", "expect", k, "caused_by")
+    if got is None:
+        return f"{key}: no cause linked, expected {want['code']} on {want['subject']}"
+    for name in sorted(set(want)):
+        if str(got.get(name)) != str(want[name]):
+            return f"{key}: caused_by {name} {got.get(name)} is not {want[name]}"
+    link = str(got["link"])
+    report.linked_tests[link] = report.linked_tests.get(link, 0) + 1
     return None
 
 

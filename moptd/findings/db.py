@@ -712,6 +712,11 @@ def _size(conn: sqlite3.Connection) -> int:
     return (pages - free) * size
 
 
+# What a finding's row keeps beside its columns (caused_by, consequences: its links to
+# findings on other subjects, moptd.diagnose.links).
+DETAIL_KEYS = ("evidence", "path", "actions", "runbook", "steps", "caused_by", "consequences")
+
+
 def _insert_transition(c: sqlite3.Connection, tr: Mapping[str, Any]) -> None:
     f: Mapping[str, Any] = tr.get("finding") or {}
     t = float(tr["t"])
@@ -720,7 +725,7 @@ def _insert_transition(c: sqlite3.Connection, tr: Mapping[str, Any]) -> None:
         "ORDER BY id DESC LIMIT 1",
         (tr["rule"], tr["subject"], *OPEN_STATES),
     ).fetchone()
-    detail = {k: f[k] for k in ("evidence", "path", "actions", "runbook", "steps") if k in f}
+    detail = {k: f[k] for k in DETAIL_KEYS if k in f}
     state = tr["new"]
     if row is None:
         cur = c.execute(

@@ -18,7 +18,16 @@ T = TypeVar("T")
 
 RELATED_FIELDS = ("id", "code", "subject", "severity", "state", "summary")
 # a firing finding's live values win over what was last stored
-LIVE_FIELDS = ("evidence", "path", "steps", "actions", "last_seen", "summary")
+LIVE_FIELDS = (
+    "evidence",
+    "path",
+    "steps",
+    "actions",
+    "last_seen",
+    "summary",
+    "caused_by",
+    "consequences",
+)
 EXPLAIN_HISTORY = 500  # as many as /v1/findings returns by default
 
 
@@ -62,7 +71,26 @@ async def findings(
     for f in active:
         if (f["rule"], f["subject"]) in ids:
             f["id"] = ids[(f["rule"], f["subject"])]
+    link_ids(active + history, history)
     return {"active": active, "history": history}
+
+
+def link_ids(findings: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
+    """Give each caused_by and consequence the id of the finding it names: the open one
+    of that rule and subject, else the newest stored (history is newest first)."""
+    by_key: dict[tuple[object, object], object] = {}
+    for h in history:
+        key = (h.get("rule"), h.get("subject"))
+        if key not in by_key or h.get("state") in ("firing", "pending"):
+            by_key[key] = h.get("id")
+    for f in findings:
+        by = f.get("caused_by")
+        links = [by] if isinstance(by, dict) else []
+        links += [c for c in f.get("consequences") or [] if isinstance(c, dict)]
+        for link in links:
+            fid = by_key.get((link.get("rule"), link.get("subject")))
+            if fid is not None:
+                link["id"] = fid
 
 
 def _stored_detail(

@@ -75,6 +75,8 @@ def finding_of_row(row: Mapping[str, Any], now: float) -> Finding:
         path=list(row.get("path") or []),
         actions=list(row.get("actions") or []),
         runbook=str(row.get("runbook") or ""),
+        caused_by=dict(row["caused_by"]) if isinstance(row.get("caused_by"), dict) else None,
+        consequences=[dict(c) for c in row.get("consequences") or [] if isinstance(c, dict)],
     )
 
 

@@ -21,10 +21,19 @@ from moptd.serving.engines import view_from_samples
 from moptd.serving.gates import classify_names
 from moptd.serving.logparse import LogState, parse_line, split_prefix
 from moptd.serving.promtext import PromParseError, parse
-from moptd.serving.signals import HistogramWindow, fill_from_log, fill_view
+from moptd.serving.signals import (
+    HistogramWindow,
+    cuda_environ,
+    fill_engine_gpus,
+    fill_from_log,
+    fill_view,
+)
 from moptd.serving.spec import flag_value
 
 FILES = ("metrics/", "log.txt", "cmdline.txt", "model_files.txt", "health.jsonl")
+# Optional, and not listed as missing when absent (older bundles have none): the serving
+# process's CUDA variables, one VAR=value a line (moptd.serving.signals.CUDA_ENV).
+ENVIRON = "environ.txt"
 _PROBE_OF = {"/health": "health", "/v1/models": "models", "/v1/completions": "generate"}
 _TS = re.compile(r"^(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)$")
 
@@ -53,6 +62,7 @@ def read_serving_dir(path: Path, window: float = 300.0, year: int | None = None)
     static = Batch()
     _read_cmdline(path / "cmdline.txt", subject, state, static, out)
     _read_model_files(path / "model_files.txt", subject, static, out)
+    _read_environ(path / ENVIRON, subject, static)
     if state.kv_tokens is not None:
         static.add("serving.kv_cache_capacity_tokens", subject, state.kv_tokens)
     if state.max_concurrency is not None:
@@ -155,6 +165,13 @@ def _read_cmdline(f: Path, subject: str, state: LogState, b: Batch, out: Serving
         b.add("serving.max_num_seqs", subject, float(seqs))
     if "--enforce-eager" in args and not state.cuda_graphs:
         state.cuda_graphs = "disabled"
+
+
+def _read_environ(f: Path, subject: str, b: Batch) -> None:
+    """The GPUs the process's CUDA_VISIBLE_DEVICES names, as serving.gpu (the process
+    list of a recorded host is not its PIDs: no serving.process here)."""
+    if f.exists():
+        fill_engine_gpus(b, subject, [], cuda_environ(_text(f).encode()))
 
 
 def _line_of(args: tuple[str, ...], flag: str) -> int:

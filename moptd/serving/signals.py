@@ -129,5 +129,62 @@ def fill_from_log(b: Batch, subject: str, st: LogState) -> None:
         b.add("serving.preemptions", subject, st.preemptions_total)
 
 
+# CUDA_VISIBLE_DEVICES and the order its indices count in (CUDA C++ Programming Guide,
+# "CUDA Environment Variables"): the only variables read from the engine's environment.
+CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+MAX_ENVIRON_BYTES = 1 << 20  # /proc/PID/environ is bounded by ARG_MAX; a bundle's too
+MAX_VISIBLE = 64  # GPUs one CUDA_VISIBLE_DEVICES may name that are kept
+_GPU_ID_CHARS = 100
+
+
+def cuda_environ(data: bytes) -> dict[str, str]:
+    """CUDA_ENV's values from an environment block: /proc/PID/environ (NUL separated) or
+    a bundle's environ.txt (one VAR=value a line). Nothing else is kept."""
+    out: dict[str, str] = {}
+    for item in data[:MAX_ENVIRON_BYTES].replace(b"\0", b"\n").split(b"\n"):
+        name, sep, value = item.partition(b"=")
+        key = name.strip().decode("ascii", "replace")
+        if sep and key in CUDA_ENV:
+            out[key] = value.strip().decode("utf-8", "replace")
+    return out
+
+
+def visible_gpus(environ: dict[str, str]) -> list[str]:
+    """The GPUs CUDA_VISIBLE_DEVICES names, as NVML can find them: a GPU UUID (or the
+    prefix CUDA accepts) as written, an index only where CUDA_DEVICE_ORDER is PCI_BUS_ID
+    (NVML numbers GPUs by PCI bus; CUDA's default FASTEST_FIRST need not). CUDA stops at
+    the first entry it cannot use, and so does this; a MIG instance names no whole GPU.
+    Empty when it is unset (every GPU may be used: NVML's process list says which)."""
+    text = environ.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return []
+    by_bus = environ.get("CUDA_DEVICE_ORDER", "").strip() == "PCI_BUS_ID"
+    out: list[str] = []
+    for entry in text.split(","):
+        gpu = entry.strip()
+        if gpu.isascii() and gpu.isdigit():
+            if not by_bus:
+                continue  # a real GPU, but which one NVML calls it is not known
+            out.append(str(int(gpu)))
+        elif gpu.startswith("GPU-") and len(gpu) > 4:
+            out.append(gpu[:_GPU_ID_CHARS])
+        else:
+            break
+        if len(out) >= MAX_VISIBLE:
+            break
+    return out
+
+
+def fill_engine_gpus(
+    b: Batch, subject: str, pids: list[int], environ: dict[str, str] | None
+) -> None:
+    """serving.process for each process of the engine's tree, serving.gpu for each GPU
+    its CUDA_VISIBLE_DEVICES names (moptd.diagnose.links joins them to GPU findings)."""
+    for pid in sorted(set(pids)):
+        b.add("serving.process", subject, 1.0, labels_of(pid=str(pid)))
+    for gpu in dict.fromkeys(visible_gpus(environ or {})):
+        b.add("serving.gpu", subject, 1.0, labels_of(gpu=gpu))
+
+
 def _num(value: object) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
