@@ -175,3 +175,44 @@ def test_the_image_builds_starts_and_answers(dockerd: dict[str, str]) -> None:
         assert "moptd stopping" in logs.stdout + logs.stderr
     finally:
         _docker(dockerd, "rm", "-f", name)
+    _run_as_the_daemonset_does(dockerd)
+
+
+def _run_as_the_daemonset_does(dockerd: dict[str, str]) -> None:
+    """The DaemonSet's way: root, the host's / read-only at /host, the ConfigMap's own
+    configuration (paths.host_root: /host). The container-runtime check must then ask the
+    host's dockerd through /host, and the disk check measure the host's /. (No
+    HostToContainer propagation here: this host's / is not a shared mount.)"""
+    docs = yaml.safe_load_all((REPO / "deploy/kubernetes/moptd.yaml").read_text())
+    configmap = next(d for d in docs if d and d["kind"] == "ConfigMap")
+    config = yaml.safe_load(configmap["data"]["moptd.yaml"])
+    sock = dockerd["DOCKER_HOST"].removeprefix("unix://")  # this test's dockerd, on the host
+    config["collectors"] = {"container": {"docker_socket": sock, "interval": "1s"}}
+    etc = Path(sock).parent / "etc-moptd"
+    etc.mkdir()
+    (etc / "moptd.yaml").write_text(yaml.safe_dump(config))
+    name = f"moptd-image-host-{os.getpid()}"
+    run = _docker(dockerd, "run", "-d", "--name", name, "--network", "none", "--user", "0",
+                  "--read-only", "--tmpfs", "/run/moptd", "--tmpfs", "/var/lib/moptd",
+                  "-v", f"{etc}:/etc/moptd:ro", "-v", "/:/host:ro", TAG)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+
+    def engine_line() -> str:
+        out = _docker(dockerd, "exec", name, "moptd", "status").stdout
+        line = next((x for x in out.splitlines() if x.startswith("Container engine docker")), "")
+        return line if "answers" in line else ""
+
+    try:
+        line = _until("the host's dockerd asked through /host", engine_line)
+        assert f"answers at /host{sock} (docker " in line, line
+        metrics = _docker(dockerd, "exec", name, "/opt/moptd/bin/python", "-c", _GET,
+                          "/metrics", "9477").stdout  # fmt: skip
+        size = next(
+            float(x.split()[-1])
+            for x in metrics.splitlines()
+            if x.startswith('moptd_node_filesystem_size_bytes{path="/"}')
+        )
+        host = os.statvfs("/")
+        assert size == host.f_blocks * host.f_frsize  # the host's /, not the container's
+    finally:
+        _docker(dockerd, "rm", "-f", name)
