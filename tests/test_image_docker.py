@@ -13,8 +13,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -26,6 +27,7 @@ from tests.test_container_engines import _start_dockerd, _stop
 ROOTFS = Path(os.environ.get("MOPTD_ROOTFS", "/var/cache/moptd-ci/bookworm-rootfs"))
 DOCKERFILE = REPO / "Dockerfile"
 BUILD = REPO / "scripts" / "build-image.sh"
+T = TypeVar("T")
 TAG = f"moptd-test:{__version__}"  # not the default tag: an operator's own build stays
 
 # Inside the container: GET a path from the local API (unix socket) or /metrics (TCP), and
@@ -102,7 +104,8 @@ def _docker(
     )
 
 
-def _until(what: str, probe, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+def _until(what: str, probe: Callable[[], T], timeout: float = 60.0) -> T:
+    """The probe's first true answer, polled every half second."""
     deadline = time.monotonic() + timeout
     while True:
         result = probe()
