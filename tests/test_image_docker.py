@@ -6,6 +6,7 @@ come up on its own configuration with no GPU and no /dev/kmsg, serve /metrics an
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -80,6 +81,10 @@ def test_the_daemonset_runs_the_image_the_script_builds() -> None:
 def dockerd() -> Iterator[dict[str, str]]:
     require_tool("dockerd")
     require_tool("docker")
+    try:  # scripts/build-image.sh builds the wheel with it
+        importlib.metadata.version("build")
+    except importlib.metadata.PackageNotFoundError:
+        _fail_or_skip("the build package (test extra) is not installed")
     if not (ROOTFS / ".moptd-rootfs-complete").is_file():
         _fail_or_skip(f"no Debian 12 rootfs at {ROOTFS} (scripts/debootstrap-rootfs.sh)")
     # a short path: the socket's must fit in sockaddr_un (108 bytes)
