@@ -19,6 +19,10 @@ RUN python3 -m venv /opt/moptd \
     && find /opt/moptd -name '__pycache__' -prune -exec rm -rf {} +
 
 FROM ${BASE}
+# an ARG before the first FROM is not seen inside a stage unless named again
+ARG BASE
+# scripts/build-image.sh passes moptd/__init__.py's __version__ (the default is checked
+# against it in tests/test_image_docker.py)
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="moptd" \
       org.opencontainers.image.description="Node daemon and rule-based diagnostician for NVIDIA GPU inference hosts" \

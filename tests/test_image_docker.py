@@ -58,6 +58,11 @@ def test_the_base_is_a_pinned_debian_12_tag() -> None:
     assert DOCKERFILE.read_text().count("FROM ${BASE}") == 2  # build stage + final stage
 
 
+def test_the_dockerfile_version_default_is_the_package_version() -> None:
+    (default,) = re.findall(r"^ARG VERSION=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert default == __version__
+
+
 def test_the_context_carries_what_the_dockerfile_copies_and_nothing_else() -> None:
     ignore = (REPO / ".dockerignore").read_text().split("\n")
     kept = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
@@ -140,6 +145,8 @@ def test_the_image_builds_starts_and_answers(dockerd: dict[str, str]) -> None:
     assert inspected["Entrypoint"] == ["/opt/moptd/bin/moptd"]
     assert inspected["Cmd"] == ["run"]
     assert inspected["Labels"]["org.opencontainers.image.version"] == __version__
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert inspected["Labels"]["org.opencontainers.image.base.name"] == base
     assert inspected["Healthcheck"]["Test"][0] == "CMD"
 
     name = f"moptd-image-test-{os.getpid()}"
