@@ -171,11 +171,14 @@ class CollectorContext:
     global_options: Mapping[str, Any] = field(default_factory=dict)
     positions: PositionStore | None = None
     xids: XidCounter | None = None  # None: the collector counts on its own
+    host_root: Path = Path("/")  # where the host's / is: /host in a container (host_path)
 
 
     def host_path(self, path: Path | str) -> Path:
         """Where a host path (/etc/..., /dev/..., /proc/..., /sys/...) lives under this
-        context's roots; other paths as they are."""
+        context's roots; other paths as they are, or, with a host root (the host's / mounted
+        in a container, config ``paths.host_root``), under it. A root set on its own (a test's
+        /etc) wins over the host root. Blocking under a host root (it reads symlinks)."""
         p = Path(path)
         for top, root in (
             ("/etc", self.etc),
@@ -183,9 +186,58 @@ class CollectorContext:
             ("/proc", self.procfs),
             ("/sys", self.sysfs),
         ):
-            if p.is_relative_to(top):
+            own_root = self.host_root == _ROOT or root != self.host_root / top[1:]
+            if p.is_relative_to(top) and own_root:
                 return root / p.relative_to(top)
-        return p
+        if self.host_root == _ROOT or not p.is_absolute():
+            return p
+        return in_root(self.host_root, p)
+
+    def path_on_host(self, found: Path | str) -> str:
+        """The host's name for a path found under the host root (the inverse of host_path
+        for what a glob or a directory listing returns there)."""
+        p = Path(found)
+        if self.host_root != _ROOT and p.is_relative_to(self.host_root):
+            return str(_ROOT / p.relative_to(self.host_root))
+        return str(p)
+
+
+_ROOT = Path("/")
+MAX_SYMLINKS = 40  # as the kernel's path walk (ELOOP after 40 links)
+
+
+def in_root(root: Path, path: Path) -> Path:
+    """``path`` of the file system mounted at ``root``, as a process chrooted there would
+    reach it: an absolute symlink (/var/run -> /run on most hosts) restarts at ``root``, not
+    at the container's /, and ``..`` stops at ``root``. A missing component ends the walk:
+    the rest is appended as it is (the caller's open then fails as it would on the host)."""
+    parts = list(reversed(path.relative_to(_ROOT).parts)) if path.is_absolute() else []
+    done: list[str] = []
+    links = 0
+    while parts:
+        part = parts.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = root.joinpath(*done, part)
+        try:
+            target = os.readlink(here)
+        except OSError:  # not a link, or absent: either way it is taken as it is
+            done.append(part)
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            return root.joinpath(*done, part, *reversed(parts))
+        link = Path(target)
+        if link.is_absolute():
+            done = []
+            parts.extend(reversed(link.relative_to(_ROOT).parts))
+        else:
+            parts.extend(reversed(link.parts))
+    return root.joinpath(*done)
 
 
 class Collector:

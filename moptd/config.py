@@ -96,6 +96,7 @@ class Config:
     rule_interval: float
     collectors: Mapping[str, CollectorConfig]
     raw: Mapping[str, Any] = field(default_factory=dict)
+    host_root: Path = Path("/")  # paths.host_root: the host's / (procfs, sysfs derive from it)
 
 
 # The schema: key -> (accepted types, default or a callable giving it, help). Nested
@@ -148,8 +149,20 @@ SCHEMA: dict[str, Any] = {
         ),
     },
     "paths": {
-        "procfs": ((str,), "/proc", "Root of procfs (tests point it elsewhere)."),
-        "sysfs": ((str,), "/sys", "Root of sysfs."),
+        "host_root": (
+            (str,),
+            "/",
+            "Where the host's / is mounted: / on the host; /host in a container that mounts "
+            "the host's / there (deploy/kubernetes). The host's files moptd reads (/etc, "
+            "/run, /var, /dev, and /proc and /sys unless set below) are read under it, "
+            "symlinks resolved as on the host.",
+        ),
+        "procfs": (
+            (str, type(None)),
+            None,
+            "Root of procfs; null: HOST_ROOT/proc (tests point it elsewhere).",
+        ),
+        "sysfs": ((str, type(None)), None, "Root of sysfs; null: HOST_ROOT/sys."),
     },
     "rules": {
         "paths": ((list, type(None)), None,
@@ -469,6 +482,9 @@ def _build(
     elif not all(isinstance(p, str) for p in rule_paths):
         raise _KeyProblem(("rules", "paths"), 0, "must be a list of paths")
     rule_interval = _bounded_duration(m, ("rules", "interval"), *_INTERVALS)
+    host_root = Path(m["paths"]["host_root"])
+    if not host_root.is_absolute():
+        raise _KeyProblem(("paths", "host_root"), 0, f"must be an absolute path, not {host_root}")
     retention = _bounded_duration(m, ("store", "retention"), MIN_RETENTION, MAX_RETENTION)
     if m["doctor"]["latency_p999_objective"] is not None:  # doctor reads it from raw
         _bounded_duration(m, ("doctor", "latency_p999_objective"), 0.001, MAX_INTERVAL)
@@ -487,8 +503,9 @@ def _build(
         max_points=m["store"]["max_points"],
         max_events=m["store"]["max_events"],
         max_series=m["store"]["max_series"],
-        procfs=Path(m["paths"]["procfs"]),
-        sysfs=Path(m["paths"]["sysfs"]),
+        procfs=Path(procfs) if (procfs := m["paths"]["procfs"]) else host_root / "proc",
+        sysfs=Path(sysfs) if (sysfs := m["paths"]["sysfs"]) else host_root / "sys",
+        host_root=host_root,
         watch_paths=tuple(Path(p) for p in watch),
         rule_paths=tuple(Path(p) for p in rule_paths),
         rule_interval=rule_interval,

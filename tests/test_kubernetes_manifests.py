@@ -3,7 +3,12 @@ the cross-references between the objects."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +223,73 @@ def test_the_configmap_is_a_valid_moptd_config():
 
 def test_manifests_are_only_yaml(tmp_path: Path):
     assert {p.suffix for p in DEPLOY.iterdir() if p.is_file()} <= {".yaml", ".md"}
+
+
+def test_the_cli_accepts_the_manifests_strictly():
+    """What an operator (and CI) runs: `kubernetes-validate --strict`, the command line,
+    not only the library call above. The ServiceMonitor is a CRD the CLI has no schema
+    for; its fields are checked by SERVICE_MONITOR_SCHEMA."""
+    cli = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
+    cli = cli or shutil.which("kubernetes-validate")
+    assert cli is not None, "kubernetes-validate is installed with the test extra"
+    res = subprocess.run(
+        [cli, "--strict", "-k", K8S_VERSION, str(DEPLOY / "moptd.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    passed = re.findall(r"passed for resource (\S+) against version", res.stdout + res.stderr)
+    assert len(passed) == len([d for d in documents() if d[0].startswith("moptd.yaml")])
+
+
+def test_the_namespace_admits_a_privileged_pod_and_says_so():
+    labels = by_kind("Namespace")["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "privileged"
+    assert by_kind("DaemonSet")["metadata"]["namespace"] == by_kind("Namespace")["metadata"]["name"]
+
+
+def test_gpu_and_remediation_taints_do_not_evict_the_monitor():
+    spec = by_kind("DaemonSet")["spec"]["template"]["spec"]
+    tolerated = {t["key"]: t for t in spec["tolerations"]}
+    for key in (
+        "nvidia.com/gpu",
+        # NVSentinel's fault-quarantine examples (docs/INTEGRATIONS.md)
+        "nvidia.com/gpu-xid-error",
+        "nvidia.com/gpu-nvlink-error",
+        "nvidia.com/syslog-xid-error",
+        "nvidia.com/gpu-error",
+    ):
+        assert tolerated[key]["operator"] == "Exists"
+        assert "effect" not in tolerated[key]  # NoSchedule and NoExecute alike
+    assert spec["priorityClassName"] == "system-node-critical"
+
+
+def test_the_host_is_read_under_the_configured_host_root():
+    spec = by_kind("DaemonSet")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    config = parse_config(by_kind("ConfigMap")["data"]["moptd.yaml"], "configmap", registry())
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    host = mounts[str(config.host_root)]
+    assert host["readOnly"] is True
+    assert host["mountPropagation"] == "HostToContainer"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[host["name"]]["hostPath"]["path"] == "/"
+    assert config.procfs == config.host_root / "proc"
+    # every other host path is read-only, but the state the kernel-log position lives in
+    writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert sorted(writable) == ["/run/moptd", "/tmp", str(config.state_dir)]
+    # root for /dev/kmsg; the image itself runs as its own user
+    assert container["securityContext"]["runAsUser"] == 0
+
+
+def test_the_liveness_probe_is_the_images_health_check():
+    container = by_kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    probe = container["livenessProbe"]["exec"]["command"]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    (healthcheck,) = re.findall(r'^\s+CMD (\[".*"\])$', dockerfile, re.MULTILINE)
+    image_probe = json.loads(healthcheck)
+    assert probe[:2] == image_probe[:2]
+    assert " ".join(probe[2].split()) == " ".join(image_probe[2].split())

@@ -270,10 +270,13 @@ class ContainerCollector(Collector):
         """Does the engine's daemon answer on its socket? engine_present says so, and
         engine_status in words; for docker and podman, what /info says of the runtimes."""
         labels = labels_of(engine=engine.name)
+        # /proc/net/unix names the path the daemon bound on the host, not where moptd
+        # reaches it under a host root (/host/run/...)
+        bound = str(self.option(engine.socket_option))
         if engine_socket.process_runs(self.ctx.procfs, engine.process) is False:
             # never connect then: a socket systemd holds (docker.socket, podman.socket)
             # would start the service, and a reader starts nothing
-            alive = engine_socket.listening(self.ctx.procfs / "net/unix", str(socket))
+            alive = engine_socket.listening(self.ctx.procfs / "net/unix", bound)
             b.add("container.engine_present", NODE, 1.0 if alive else 0.0, labels)
             if alive:
                 status = (
@@ -308,7 +311,7 @@ class ContainerCollector(Collector):
             # moptd runs unprivileged; docker.sock and containerd.sock are root's (and the
             # docker group's, root-equivalent): a daemon that listens still counts, judged
             # on its files
-            alive = engine_socket.listening(self.ctx.procfs / "net/unix", str(socket))
+            alive = engine_socket.listening(self.ctx.procfs / "net/unix", bound)
             b.add("container.engine_present", NODE, 0.0 if alive is False else 1.0, labels)
             if alive is False:
                 status = f"no daemon listens at {socket} (moptd may not open it: permission denied)"
@@ -421,9 +424,10 @@ class ContainerCollector(Collector):
         found = sorted(glob.glob(str(self.ctx.host_path(pattern))))[: MAX_CONFIG_FILES + 1]
         ctx = self.ctx
         for top, root in (("/etc", ctx.etc), ("/proc", ctx.procfs), ("/sys", ctx.sysfs)):
-            if Path(pattern).is_relative_to(top):
+            under = all(Path(m).is_relative_to(root) for m in found)
+            if Path(pattern).is_relative_to(top) and under:
                 return [str(Path(top) / Path(m).relative_to(root)) for m in found]
-        return found
+        return [ctx.path_on_host(m) for m in found]
 
     def _cdi_files(self) -> list[tuple[str, Path]]:
         """(the spec's host path, where it is read) for each CDI spec."""

@@ -125,7 +125,7 @@ class HostCollector(Collector):
         if swappiness is not None:
             b.add("node.swappiness", NODE, float(swappiness))
         for path in self.watched_paths():
-            usage = source.disk_usage(path)
+            usage = source.disk_usage(self.ctx.host_path(path))  # under paths.host_root
             if usage is None:
                 continue  # a watched path that does not exist yet is not an error
             size, used, avail_b = usage.size, usage.used, usage.available
