@@ -28,6 +28,7 @@ from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB, transition_record
 from moptd.observations import Batch
 from moptd.serving import gates_checklist as gc
+from moptd.serving.prestart import prestart_gates
 from moptd.serving.spec import Managed
 from moptd.store import SignalStore
 from tests import test_latency_histograms
@@ -359,7 +360,7 @@ def test_checklist_gates_pass_the_real_model_and_refuse_the_truncated(tmp_path: 
     ]
     assert refused == ["tokenizer_loads", "weights_load"]
     # what a managed start would run: the file-name gates pass, the checklist refuses
-    every = gc.run_all_gates(Managed("llm", ("vllm",), model_dir=bad, device="cpu", port=1))
+    every = prestart_gates(Managed("llm", ("vllm",), model_dir=bad, device="cpu", port=1))
     assert [g.check for g in every if not g.ok][-2:] == ["tokenizer_loads", "weights_load"]
     assert {g.check for g in every if g.ok} >= {"model_config", "tokenizer", "weights"}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moptd.serving.gates import GateResult, run_gates
+from moptd.serving.gates import GateResult
 from moptd.serving.spec import Managed
 
 # safetensors refuses a header above 100 MB (MAX_HEADER_SIZE in safetensors/src/tensor.rs)
@@ -285,9 +285,3 @@ def checklist_gates(m: Managed, build_dir: Path | None = None) -> list[GateResul
     if build_dir is not None:
         out.append(check_build_space(build_dir, m.model_dir))
     return out
-
-
-def run_all_gates(m: Managed) -> list[GateResult]:
-    """gates.run_gates and then the checklist's: what a managed start should pass as its
-    ``gates`` (Supervisor, SystemdSupervisor), so a truncated download is refused at once."""
-    return [*run_gates(m), *checklist_gates(m)]

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from moptd.observations import Batch, Event
-from moptd.serving.gates import GateResult, refusal_events, run_gates
+from moptd.serving.gates import GateResult, refusal_events
 from moptd.serving.logparse import LogState
 from moptd.serving.logring import LineSplitter, LogRing
 from moptd.serving.logsource import fill_managed, log_events
+from moptd.serving.prestart import prestart_gates
 from moptd.serving.spec import Managed
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class Supervisor:
         spec: Managed,
         publish: Publish,
         log_dir: Path | None = None,
-        gates: Callable[[Managed], list[GateResult]] = run_gates,
+        gates: Callable[[Managed], list[GateResult]] = prestart_gates,
     ) -> None:
         self.spec = spec
         self.subject = f"serving:{spec.name}"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moptd.observations import Batch, Event
-from moptd.serving.gates import GateResult, refusal_events, run_gates
+from moptd.serving.gates import GateResult, refusal_events
 from moptd.serving.logparse import LogState
 from moptd.serving.logring import LogRing
 from moptd.serving.logsource import (
@@ -28,6 +28,7 @@ from moptd.serving.logsource import (
     journal_follow_argv,
     log_events,
 )
+from moptd.serving.prestart import prestart_gates
 from moptd.serving.spec import Managed
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class SystemdSupervisor:
         spec: Managed,
         publish: Callable[[list[Event]], None],
         env_dir: Path = ENV_DIR,
-        gates: Callable[[Managed], list[GateResult]] = run_gates,
+        gates: Callable[[Managed], list[GateResult]] = prestart_gates,
         run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
     ) -> None:
         self.spec = spec
