@@ -113,3 +113,32 @@ def test_malformed_files_name_file_and_line(
     with pytest.raises(ServingBundleError) as err:
         read_serving_dir(d)
     assert where in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("captured", "year"),
+    [
+        ("2024-12-05T00:00:00Z", 2024),  # the lines' own year: the capture's
+        ("2025-01-03T00:00:00Z", 2024),  # 11-29 after a January capture: the year before
+        ("2024-11-29T18:50:00Z", 2024),  # minutes before the capture
+    ],
+)
+def test_log_lines_without_a_year_take_the_capture_year(
+    tmp_path: Path, captured: str, year: int
+) -> None:
+    """vLLM stamps its lines MM-DD, no year. With no metrics scrape to date them, the year
+    is the bundle's capture year, not the year the replay runs in (a golden made this year
+    would change meaning next year)."""
+    from datetime import UTC, datetime
+
+    from moptd.bundle.reader import read_bundle
+
+    d = tmp_path / "serving" / "main"
+    d.mkdir(parents=True)
+    shutil.copy(VLLM / "vllm_cpu_engine_core_killed.txt", d / "log.txt")
+    (tmp_path / "bundle.yaml").write_text(f"captured_at: {captured}\n")
+    tl = read_bundle(tmp_path)
+    dead = [e for e in tl.events if e.stream == "serving.engine_dead"]
+    assert dead
+    assert {datetime.fromtimestamp(e.t, UTC).year for e in dead} == {year}
+    assert datetime.fromtimestamp(dead[0].t, UTC).strftime("%m-%d %H:%M:%S") == "11-29 18:44:15"

@@ -64,7 +64,7 @@ def _read(root: Path, shown: Path) -> Timeline:
     start = captured_at(tl.meta, root / "bundle.yaml")
     identities = _read_nvsmi(root, tl, start)
     _read_samples(root / "gpu" / "samples.jsonl", tl)
-    _read_serving(root, tl)
+    _read_serving(root, tl, start)
     # an untimed dump is NaN until placed (min() would return a leading NaN)
     first = min((t for t, _, _ in tl.observations if not math.isnan(t)), default=start)
     if tl.lazy_first is not None:
@@ -194,7 +194,7 @@ def _streamed(rows: SampleRows) -> Iterator[tuple[float, str, Batch]]:
         raise BundleError(str(e.path), e.line, e.message) from None
 
 
-def _read_serving(root: Path, tl: Timeline) -> None:
+def _read_serving(root: Path, tl: Timeline, start: float | None) -> None:
     """serving/<name>/: metrics scrapes, the log, command line, model files, probes."""
     base = root / "serving"
     dirs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
@@ -204,7 +204,7 @@ def _read_serving(root: Path, tl: Timeline) -> None:
         return
     for d in dirs:
         try:
-            replay = read_serving_dir(d)
+            replay = read_serving_dir(d, captured_at=start)
         except ServingBundleError as e:
             raise BundleError(e.file, e.line, e.message) from None
         tl.observations.extend((t, f"serving:{d.name}", b) for t, b in replay.observations)

@@ -49,15 +49,21 @@ class ServingReplay:
     missing: list[str] = field(default_factory=list)  # files of FILES not in the bundle
 
 
-def read_serving_dir(path: Path, window: float = 300.0, year: int | None = None) -> ServingReplay:
+def read_serving_dir(
+    path: Path,
+    window: float = 300.0,
+    year: int | None = None,
+    captured_at: float | None = None,
+) -> ServingReplay:
     """``path`` is ``serving/<name>``; its subject is ``serving:<name>``. vLLM log lines
-    carry no year and local time: ``year`` (default: the first scrape's, else this year)
-    completes them as UTC."""
+    carry no year and local time: ``year`` completes them as UTC (default: the first
+    scrape's, else the year of ``captured_at``, the bundle's capture time, a December line
+    in a January capture taking the year before; else this year)."""
     subject = f"serving:{path.name}"
     out = ServingReplay()
     scrape_times = _read_metrics(path / "metrics", subject, window, out)
     first = min(scrape_times, default=None)
-    state = _read_log(path / "log.txt", subject, first, year, out)
+    state = _read_log(path / "log.txt", subject, first, year, out, captured_at)
     t_static = first if first is not None else min((e.t for e in out.events), default=0.0)
     static = Batch()
     _read_cmdline(path / "cmdline.txt", subject, state, static, out)
@@ -108,16 +114,26 @@ def _read_metrics(d: Path, subject: str, window: float, out: ServingReplay) -> l
 
 
 def _read_log(
-    f: Path, subject: str, first: float | None, year: int | None, out: ServingReplay
+    f: Path,
+    subject: str,
+    first: float | None,
+    year: int | None,
+    out: ServingReplay,
+    captured_at: float | None = None,
 ) -> LogState:
     state = LogState()
     if not f.exists():
         out.missing.append("log.txt")
         return state
+    # a line later than the capture by more than a day is from the year before
+    rollover = year is None and first is None and captured_at is not None
     if year is None:
-        year = (
-            datetime.fromtimestamp(first, UTC).year if first is not None else datetime.now(UTC).year
-        )
+        if first is not None:
+            year = datetime.fromtimestamp(first, UTC).year
+        elif captured_at is not None:
+            year = datetime.fromtimestamp(captured_at, UTC).year
+        else:
+            year = datetime.now(UTC).year
     t = first if first is not None else 0.0
     for line in _text(f).splitlines():
         head, _ = split_prefix(line)
@@ -126,6 +142,8 @@ def _read_log(
             mo, d, h, mi, s = (int(x) for x in stamp.groups())
             try:
                 t = datetime(year, mo, d, h, mi, s, tzinfo=UTC).timestamp()
+                if rollover and captured_at is not None and t > captured_at + 86400:
+                    t = datetime(year - 1, mo, d, h, mi, s, tzinfo=UTC).timestamp()
             except ValueError:
                 pass  # 02-29 in another year: keep the previous time
         state.observe(line)
