@@ -148,7 +148,9 @@ def test_sysusers_and_tmpfiles_apply_to_a_root(tmp_path):
         assert result.returncode == 0, f"{command[0]}: {result.stderr}"
     users = {line.split(":")[0] for line in (tmp_path / "etc/passwd").read_text().splitlines()}
     assert {"moptd", "moptd-serving"} <= users
-    assert (tmp_path / "etc/moptd/serving").is_dir()
+    assert (tmp_path / "etc/moptd").is_dir()
+    # the env files are moptd's to write: in its StateDirectory, not under /etc
+    assert not (tmp_path / "etc/moptd/serving").exists()
     assert (tmp_path / "var/lib/moptd-serving").is_dir()
 
 
