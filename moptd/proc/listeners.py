@@ -91,7 +91,7 @@ def port_held_by_unit(port: int, unit: str, proc: Path = Path("/proc")) -> bool:
     Anything less certain (no listener, a second owner, a process of that uid elsewhere,
     such as another serving instance) answers False, and the conflict stays reported."""
     sockets = _sockets(port, proc)
-    if not sockets:
+    if not sockets or not unit:
         return False
     holders = port_holders(port, proc)
     if holders:
