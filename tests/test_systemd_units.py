@@ -148,7 +148,9 @@ def test_sysusers_and_tmpfiles_apply_to_a_root(tmp_path):
         assert result.returncode == 0, f"{command[0]}: {result.stderr}"
     users = {line.split(":")[0] for line in (tmp_path / "etc/passwd").read_text().splitlines()}
     assert {"moptd", "moptd-serving"} <= users
-    assert (tmp_path / "etc/moptd/serving").is_dir()
+    assert (tmp_path / "etc/moptd").is_dir()
+    # the env files are moptd's to write: in its StateDirectory, not under /etc
+    assert not (tmp_path / "etc/moptd/serving").exists()
     assert (tmp_path / "var/lib/moptd-serving").is_dir()
 
 
@@ -200,3 +202,36 @@ def test_polkit_rule_allows_only_serving_units():
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [c[4] for c in cases]
+
+
+def syscalls(group: str) -> set[str]:
+    tool = require_tool("systemd-analyze")
+    out = subprocess.run(
+        [tool, "syscall-filter", "--no-pager", group], capture_output=True, text=True, check=True
+    ).stdout
+    return {w for w in out.split() if re.fullmatch(r"[a-z0-9_]+", w)}
+
+
+def test_the_filter_lets_moptd_give_its_socket_to_api_group():
+    """The SystemCallFilter= lines, evaluated the way systemd does: the first (an allow
+    list) sets the set, then each line adds (allow) or removes (~). chown of the API
+    socket (os.chown -> fchownat) must survive ~@privileged."""
+    text = (SYSTEMD / "moptd.service").read_text()
+    allowed: set[str] = set()
+    for i, line in enumerate(re.findall(r"^SystemCallFilter=(.*)$", text, re.M)):
+        deny = line.startswith("~")
+        names: set[str] = set()
+        for item in line.lstrip("~").split():
+            names |= syscalls(item) if item.startswith("@") else {item}
+        assert i > 0 or not deny, "the first SystemCallFilter= must be the allow list"
+        allowed = allowed - names if deny else allowed | names
+    assert {"fchownat", "chown", "fchown"} <= allowed
+    assert "mount" not in allowed
+    assert "setrlimit" not in allowed
+
+
+def test_limits_and_journal_group_are_set():
+    text = (SYSTEMD / "moptd.service").read_text()
+    assert re.search(r"^MemoryMax=1G$", text, re.M)
+    assert re.search(r"^TasksMax=256$", text, re.M)
+    assert re.search(r"^SupplementaryGroups=.*\bsystemd-journal\b", text, re.M)

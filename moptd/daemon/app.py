@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import grp
 import logging
 import os
 import signal
@@ -26,6 +25,7 @@ from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.http import CAP, CappedSite, capped_app, make_runner
 from moptd.daemon.managed import ManagedProcess, managed_process
 from moptd.daemon.runtime import CollectorRuntime
+from moptd.daemon.socket_group import give_to_group
 from moptd.daemon.webconfig import BasicAuth, WebConfig, load_web_config
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
@@ -263,10 +263,9 @@ class Daemon:
             await CappedSite(api, api_app[CAP], path=str(sock)).start()
             os.chmod(sock, cfg.api_socket_mode)
             if cfg.api_group:
-                try:
-                    os.chown(sock, -1, grp.getgrnam(cfg.api_group).gr_gid)
-                except (KeyError, PermissionError) as exc:
-                    log.warning("cannot give %s to group %s: %s", sock, cfg.api_group, exc)
+                problem = give_to_group(sock, cfg.api_group)
+                if problem is not None:
+                    log.warning("%s", problem)
             log.info("API listening on %s", sock)
         if cfg.api_listen:
             host, port = split_listen(cfg.api_listen)

@@ -21,10 +21,10 @@ def is_moptd(p: ProcessInfo) -> bool:
     return p.name == "moptd" or named or "-m moptd" in p.cmdline
 
 
-def listening_inodes(text: str, port: int) -> set[int]:
-    """Socket inodes of the LISTEN entries on `port` in a /proc/net/tcp or tcp6 text.
-    Lines that do not have the kernel's layout are skipped."""
-    inodes: set[int] = set()
+def listening_sockets(text: str, port: int) -> dict[int, int]:
+    """Socket inode -> owner uid of the LISTEN entries on `port` in a /proc/net/tcp or
+    tcp6 text. Lines that do not have the kernel's layout are skipped."""
+    sockets: dict[int, int] = {}
     for line in text.splitlines()[1:]:
         fields = line.split()
         if len(fields) < 10 or fields[3] != _LISTEN:
@@ -32,20 +32,30 @@ def listening_inodes(text: str, port: int) -> set[int]:
         _, _, hexport = fields[1].rpartition(":")
         try:
             if int(hexport, 16) == port:
-                inodes.add(int(fields[9]))
+                sockets[int(fields[9])] = int(fields[7])
         except ValueError:
             continue
-    return inodes
+    return sockets
+
+
+def listening_inodes(text: str, port: int) -> set[int]:
+    """Socket inodes of the LISTEN entries on `port` in a /proc/net/tcp or tcp6 text."""
+    return set(listening_sockets(text, port))
+
+
+def _sockets(port: int, proc: Path) -> dict[int, int]:
+    sockets: dict[int, int] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            sockets |= listening_sockets((proc / "net" / name).read_text(), port)
+        except OSError:
+            continue
+    return sockets
 
 
 def port_holders(port: int, proc: Path = Path("/proc")) -> list[ProcessInfo]:
     """Processes with a descriptor on a socket listening on `port` (any address)."""
-    inodes: set[int] = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            inodes |= listening_inodes((proc / "net" / name).read_text(), port)
-        except OSError:
-            continue
+    inodes = set(_sockets(port, proc))
     if not inodes:
         return []
     wanted = {f"socket:[{i}]" for i in inodes}
@@ -68,6 +78,40 @@ def port_holders(port: int, proc: Path = Path("/proc")) -> list[ProcessInfo]:
                     holders.append(holder)
                 break
     return holders
+
+
+def port_held_by_unit(port: int, unit: str, proc: Path = Path("/proc")) -> bool:
+    """Whether the listeners on `port` belong to the systemd `unit` (its main process or
+    its children, by their cgroup), so that a busy port is the unit's own and no conflict.
+
+    Root sees the holders' descriptors. An unprivileged moptd cannot read the descriptors
+    of another user's processes (moptd-serving@ runs as moptd-serving), but /proc/net/tcp
+    names each socket's owner uid and /proc/PID/cgroup is readable: then the port is the
+    unit's when one uid owns its sockets and every process of that uid runs in the unit.
+    Anything less certain (no listener, a second owner, a process of that uid elsewhere,
+    such as another serving instance) answers False, and the conflict stays reported."""
+    sockets = _sockets(port, proc)
+    if not sockets or not unit:
+        return False
+    holders = port_holders(port, proc)
+    if holders:
+        return all(h.unit == unit for h in holders)
+    owners = set(sockets.values())
+    if len(owners) != 1:
+        return False
+    owner = owners.pop()
+    of_owner = [p for p in _processes(proc) if p.uid == owner]
+    return bool(of_owner) and all(p.unit == unit for p in of_owner)
+
+
+def _processes(proc: Path) -> list[ProcessInfo]:
+    out: list[ProcessInfo] = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            info = process_info(int(entry.name), proc)
+            if info is not None:  # gone meanwhile
+                out.append(info)
+    return out
 
 
 def describe_holders(port: int, proc: Path = Path("/proc")) -> str:

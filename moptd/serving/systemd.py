@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import grp
+import json
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moptd.observations import Batch, Event
+from moptd.proc.listeners import port_held_by_unit
 from moptd.serving.gates import GateResult, refusal_events
 from moptd.serving.logparse import LogState
 from moptd.serving.logring import LogRing
@@ -33,7 +37,12 @@ from moptd.serving.spec import Managed
 
 log = logging.getLogger(__name__)
 
-ENV_DIR = Path("/etc/moptd/serving")
+# In moptd's own StateDirectory: the unit's ProtectSystem=strict keeps /etc read-only
+# for moptd, and systemd (root) reads EnvironmentFile= before it drops privileges, so
+# the file need not be readable by moptd-serving (it may hold tokens).
+ENV_DIR = Path("/var/lib/moptd/serving")
+# The unit is up or on its way up: moptd adopts it instead of starting it.
+ADOPT_STATES = ("active", "activating", "reloading")
 SHOW_PROPERTIES = (
     "ActiveState",
     "SubState",
@@ -42,6 +51,7 @@ SHOW_PROPERTIES = (
     "ExecMainStatus",
     "ExecMainCode",
     "Result",
+    "ExecMainStartTimestamp",
 )
 
 
@@ -53,7 +63,13 @@ def systemctl_argv(action: str, name: str) -> list[str]:
     """start | stop | restart | reset-failed | show."""
     unit = unit_name(name)
     if action == "show":
-        return ["systemctl", "show", unit, "--property=" + ",".join(SHOW_PROPERTIES)]
+        return [
+            "systemctl",
+            "show",
+            unit,
+            "--property=" + ",".join(SHOW_PROPERTIES),
+            "--timestamp=unix",  # ExecMainStartTimestamp=@1796190620
+        ]
     if action in ("start", "restart"):
         # --no-block: model loading takes minutes; the state comes from `show` later
         return ["systemctl", action, "--no-block", unit]
@@ -64,6 +80,71 @@ def systemctl_argv(action: str, name: str) -> list[str]:
 
 def journal_argv(name: str, follow: bool = True, lines: int = 0) -> list[str]:
     return journal_follow_argv(unit_name(name), follow, lines)
+
+
+def follow_argv(name: str, since: float, boot: str | None = None) -> list[str]:
+    """The unit's journal from `since` (unix seconds) on, followed. `since` is the running
+    invocation's start when moptd adopts the unit (a restarted moptd still sees the
+    start-up lines: the version, the KV-cache size), and the moment before `systemctl
+    start` otherwise, so no line printed before the follow begins is lost. short-unix
+    keeps each line's journal time, so a line printed while moptd was down is an event
+    of that time, not of now.
+
+    `boot` is the journal's own current boot id (newest_boot_id): journalctl --follow
+    shows nothing at all when the boot id this process sees in /proc differs from the
+    journal's, which is what moptd's sandbox gets inside systemd-nspawn (its
+    ProtectKernelTunables= / ProtectControlGroups= remount /proc/sys, and the container's
+    own boot_id over-mount is lost: measured in tests/test_nspawn_systemd.py)."""
+    argv = ["journalctl", "--unit", unit_name(name)]
+    if boot:
+        argv.append(f"--boot={boot}")
+    argv += ["--since", f"@{since:.6f}", "--output", "short-unix", "--quiet", "--no-pager"]
+    return [*argv, "--follow"]
+
+
+def split_short_unix(line: str) -> tuple[float, str] | None:
+    """``1796190620.529576 HOST IDENT[PID]: MESSAGE`` -> (time, MESSAGE); None for a line
+    without that shape (journalctl's own ``-- ... --`` markers)."""
+    stamp, _, rest = line.partition(" ")
+    try:
+        t = float(stamp)
+    except ValueError:
+        return None
+    if not math.isfinite(t):
+        return None
+    _host, _, rest = rest.partition(" ")
+    _ident, sep, message = rest.partition(": ")
+    if not sep:
+        return None
+    return t, message
+
+
+BOOT_ID_ARGV = ["journalctl", "--lines", "1", "--output", "json", "--no-pager", "--quiet"]
+
+
+def newest_boot_id(json_line: str) -> str | None:
+    """_BOOT_ID of the journal's newest entry (BOOT_ID_ARGV's output): the running boot,
+    read from the journal itself rather than from /proc."""
+    try:
+        entry = json.loads(json_line.strip().splitlines()[-1]) if json_line.strip() else {}
+    except ValueError:
+        return None
+    boot = entry.get("_BOOT_ID") if isinstance(entry, dict) else None
+    if isinstance(boot, str) and len(boot) == 32 and all(c in "0123456789abcdef" for c in boot):
+        return boot
+    return None
+
+
+def start_time(show: dict[str, str]) -> float | None:
+    """ExecMainStartTimestamp=@SECONDS (systemctl show --timestamp=unix), else None."""
+    value = show.get("ExecMainStartTimestamp", "")
+    if not value.startswith("@"):
+        return None
+    try:
+        t = float(value[1:])
+    except ValueError:
+        return None
+    return t if math.isfinite(t) and t > 0 else None
 
 
 def render_env_file(m: Managed) -> str:
@@ -114,6 +195,7 @@ class SystemdSupervisor:
         self.show: dict[str, str] = {}
         self.last_gates: list[GateResult] = []
         self._journal: JournalTail | None = None
+        self.journal_problem = ""
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"moptd-serving-{spec.name}"
         )
@@ -122,19 +204,63 @@ class SystemdSupervisor:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def start(self) -> None:
-        results = await self._blocking(self.gates, self.spec)
+        await self.refresh()
+        active = self.show.get("ActiveState", "")
+        if active in ADOPT_STATES:
+            # moptd restarted while its unit runs: the pre-start gates are for a server
+            # that is not running yet; its port and GPU memory are its own now.
+            log.info(
+                "serving %s: %s is %s (pid %s); following it",
+                self.spec.name,
+                unit_name(self.spec.name),
+                active,
+                self.pid,
+            )
+            await self._follow_journal(start_time(self.show) or time.time())
+            return
+        results = await self._blocking(self._gates_with_own_port)
         assert isinstance(results, list)
         self.last_gates = results
         failed = [g for g in results if not g.ok]
         if failed:
-            self.state, self.reason = "gated", "; ".join(g.reason for g in failed)
-            now = time.time()
-            self.publish(refusal_events(self.subject, failed, now))
+            self._refuse(failed)
             return
-        await self._blocking(self._write_env)
-        await self._blocking(self.run, systemctl_argv("start", self.spec.name))
+        try:
+            await self._blocking(self._write_env)
+        except OSError as exc:
+            path = self.env_dir / f"{self.spec.name}.env"
+            reason = f"cannot write {path}: {exc.strerror or exc}"
+            self._refuse([GateResult("env_file", False, "", reason)])
+            return
+        since = time.time()
+        r = await self._blocking(self.run, systemctl_argv("start", self.spec.name))
+        assert isinstance(r, subprocess.CompletedProcess)
+        if r.returncode != 0:
+            detail = (r.stderr or r.stdout).strip()[:500] or f"exit status {r.returncode}"
+            reason = f"systemctl start {unit_name(self.spec.name)} failed: {detail}"
+            self._refuse([GateResult("systemctl", False, "", reason)])
+            return
         self.state = "starting"
-        await self._follow_journal()
+        await self._follow_journal(since)
+
+    def _gates_with_own_port(self) -> list[GateResult]:
+        """The gates, except that a port held by the unit itself is no conflict: a unit
+        still stopping (KillMode=mixed gives it TimeoutStopSec=) holds it a while, and
+        systemd queues the start behind the stop."""
+        unit = unit_name(self.spec.name)
+        out: list[GateResult] = []
+        for g in self.gates(self.spec):
+            if g.code == "PORT_CONFLICT" and port_held_by_unit(self.spec.port, unit):
+                g = GateResult("port", True, "", f"port {self.spec.port} is held by {unit}")
+            out.append(g)
+        return out
+
+    def _refuse(self, failed: list[GateResult]) -> None:
+        """Not started, and it shows: the state, the reason, one serving.gate event per
+        cause and an error in the log. Never a silent "stopped"."""
+        self.state, self.reason = "gated", "; ".join(g.reason for g in failed)
+        self.publish(refusal_events(self.subject, failed, time.time()))
+        log.error("serving %s not started: %s", self.spec.name, self.reason)
 
     def _write_env(self) -> None:
         self.env_dir.mkdir(parents=True, exist_ok=True)
@@ -148,21 +274,40 @@ class SystemdSupervisor:
         os.chmod(tmp, 0o640)  # O_CREAT's mode is masked by the umask; this is not
         tmp.replace(path)
 
-    async def _follow_journal(self) -> None:
+    async def _follow_journal(self, since: float) -> None:
+        problem = journal_access_problem()
+        if problem:
+            self.journal_problem = problem
+            log.error("serving %s: %s", self.spec.name, problem)
+        boot: str | None = None
+        try:
+            r = await self._blocking(self.run, BOOT_ID_ARGV)
+            assert isinstance(r, subprocess.CompletedProcess)
+            boot = newest_boot_id(r.stdout)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("serving %s: journalctl: %s", self.spec.name, exc)
         self._journal = JournalTail(
-            journal_argv(self.spec.name), self._on_lines, f"serving {self.spec.name}"
+            follow_argv(self.spec.name, since, boot),
+            self._on_lines,
+            f"serving {self.spec.name}",
         )
         await self._journal.start()
 
     def _on_lines(self, lines: list[str], now: float) -> None:
-        events = log_events(
-            lines,
-            now,
-            self.subject,
-            self.ring,
-            self.log_state,
-            lambda st: self.state == "stopping" or st.shutting_down,
-        )
+        events: list[Event] = []
+        for line in lines:
+            parsed = split_short_unix(line)
+            if parsed is None:
+                continue  # journalctl's own markers, not the server's output
+            t, message = parsed
+            events += log_events(
+                [message],
+                min(t, now),
+                self.subject,
+                self.ring,
+                self.log_state,
+                lambda st: self.state == "stopping" or st.shutting_down,
+            )
         if events:
             self.publish(events)
 
@@ -197,8 +342,11 @@ class SystemdSupervisor:
             self.state = "crash_loop"
         elif active == "active":
             self.state = "running"
-        elif active in ("activating", "deactivating", "failed", "inactive"):
-            self.state = {"activating": "starting", "deactivating": "stopping"}.get(active, active)
+        elif active in ("activating", "deactivating"):
+            self.state = {"activating": "starting", "deactivating": "stopping"}[active]
+        elif active in ("failed", "inactive") and self.state != "gated":
+            # a refusal keeps its state and reason: an inactive unit is what it causes
+            self.state = active
 
     def fill(self, batch: Batch, now: float) -> None:
         s = self.subject
@@ -225,11 +373,33 @@ class SystemdSupervisor:
             "reason": self.reason,
             "pid": self.pid,
             "systemd": dict(self.show),
+            "journal_problem": self.journal_problem,
             "gates": [
                 {"check": g.check, "ok": g.ok, "code": g.code, "reason": g.reason}
                 for g in self.last_gates
             ],
         }
+
+
+JOURNAL_READERS = ("systemd-journal", "adm", "wheel")  # journalctl(1): groups that see all
+
+
+def journal_access_problem() -> str:
+    """Why journalctl would show this process none of the serving unit's lines, or ""."""
+    if os.geteuid() == 0:
+        return ""
+    mine = {os.getegid(), *os.getgroups()}
+    for name in JOURNAL_READERS:
+        try:
+            if grp.getgrnam(name).gr_gid in mine:
+                return ""
+        except KeyError:
+            continue
+    return (
+        "cannot read the serving unit's journal: not root and in none of the groups "
+        f"{', '.join(JOURNAL_READERS)}, so its log-based signals stay empty "
+        "(the shipped moptd.service sets SupplementaryGroups=systemd-journal)"
+    )
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
