@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from moptd.collector import Collector, CollectorContext, Option
+from moptd.collector import Collector, CollectorContext, Option, in_root
 from moptd.host_source import source_of
 from moptd.observations import NODE, Batch, labels_of
 from moptd.proc import procfs, wsl
@@ -125,7 +125,10 @@ class HostCollector(Collector):
         if swappiness is not None:
             b.add("node.swappiness", NODE, float(swappiness))
         for path in self.watched_paths():
-            usage = source.disk_usage(self.ctx.host_path(path))  # under paths.host_root
+            # the file system of a watched path of the host, under paths.host_root (not the
+            # collector's own /dev or /etc roots: /dev/shm is a file system, not a device)
+            root = self.ctx.host_root
+            usage = source.disk_usage(path if root == Path("/") else in_root(root, path))
             if usage is None:
                 continue  # a watched path that does not exist yet is not an error
             size, used, avail_b = usage.size, usage.used, usage.available
