@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ def samples_of(bundle: Path, signal: str) -> list[tuple[str, dict[str, str], flo
 
 
 @pytest.fixture
-def engine() -> object:
+def engine() -> Iterator[subprocess.Popen[bytes]]:
     """A real process standing in for the engine, with its CUDA variables and others."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -178,3 +180,51 @@ def test_no_wsl_files_off_wsl(tmp_path: Path) -> None:
     (opts.procfs / "sys" / "kernel" / "osrelease").write_text(release.read_text())
     result = Recorder(opts).record(tmp_path / "bundle")
     assert not {"host/wsl_lib.txt", "host/guest_libs.txt"} & set(result.files)
+
+
+def test_record_asks_the_running_daemon_for_the_managed_process(tmp_path: Path) -> None:
+    from tests.api_helpers import get, wait_socket
+    from tests.daemon_proc import DaemonProcess, free_port
+
+    managed = {
+        "name": "llm",
+        "device": "cpu",
+        "port": free_port(),
+        "command": [sys.executable, "-c", "import time; time.sleep(120)"],
+        "env": {"CUDA_VISIBLE_DEVICES": H200, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    }
+    d = DaemonProcess(tmp_path, {"collectors": {"serving": {"managed": managed}}}).start()
+    try:
+        wait_socket(d.socket, d.proc)
+        pid = None
+        for _ in range(100):
+            _, body = get(d.socket, "/v1/serving")
+            pid = (body or {}).get("managed", {}).get("pid")
+            if pid:
+                break
+            time.sleep(0.1)
+        assert pid, d.log()
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "moptd",
+                "record",
+                "--duration",
+                "0s",
+                "--quiet",
+                "--out",
+                str(tmp_path / "bundle"),
+                "--config",
+                str(d.config_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr
+    environ = tmp_path / "bundle" / "serving" / "llm" / "environ.txt"
+    assert environ.read_text() == f"CUDA_VISIBLE_DEVICES={H200}\nCUDA_DEVICE_ORDER=PCI_BUS_ID\n"
+    assert samples_of(tmp_path / "bundle", "serving.gpu") == [("serving:llm", {"gpu": H200}, 1.0)]
