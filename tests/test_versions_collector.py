@@ -154,3 +154,14 @@ def test_replay_runs_the_collector_over_the_bundles_versions_json(tmp_path: Path
     (batch,) = [b for _, source, b in tl.observations if source == "versions"]
     assert sorted((s.signal, s.subject, s.labels, s.value) for s in batch.samples) == want
     assert tl.meta["versions"] == live.last_record
+
+
+def test_an_empty_record_file_setting_names_file_line_and_key() -> None:
+    from moptd.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_config('collectors:\n  versions:\n    record_file: "  "\n', "moptd.yaml", registry())
+    assert str(err.value) == (
+        "moptd.yaml:3: key 'collectors.versions.record_file': "
+        "must be a path to a versions.json, or null"
+    )
