@@ -30,6 +30,7 @@ from moptd.bundle.errors import BundleError
 from moptd.bundle.meta import captured_at, read_meta, read_text
 from moptd.bundle.sources import collect_stack
 from moptd.collector import GpuIdentities
+from moptd.collectors.versions import VersionsCollector, replay_context
 from moptd.diagnose.timeline import Timeline
 from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
 from moptd.gpu.recorded import RecordingError, SampleRows, open_rows, read_samples
@@ -39,7 +40,6 @@ from moptd.located import LocatedError
 from moptd.observations import Batch
 from moptd.proc.pci import normalize_pci
 from moptd.serving.bundle import ServingBundleError, read_serving_dir
-from moptd.serving.version_lock import observations, read_record
 
 
 def read_bundle(path: Path) -> Timeline:
@@ -84,17 +84,19 @@ def _read(root: Path, shown: Path) -> Timeline:
 
 
 def _read_versions(path: Path, tl: Timeline, at: float) -> None:
-    """versions.json: the record in ``meta["versions"]`` (replay's "versions:" line and
-    --diff), its observations at the first step, as doctor feeds them live."""
+    """versions.json: the versions collector over it (its source in replay, where live it
+    reads NVML and the serving environments), its samples at the first step; the record
+    in ``meta["versions"]`` (replay's "versions:" line and --diff)."""
     if not path.is_file():
         tl.missing_namespaces.add("versions")
         return
+    collector = VersionsCollector(replay_context(path))
     try:
-        doc = read_record(path)
+        batch = collector.read()
     except LocatedError as e:
         raise BundleError(e.file, e.line, e.message) from None
-    tl.meta["versions"] = doc
-    tl.observations.append((at, "versions", observations(doc)))
+    tl.meta["versions"] = collector.last_record
+    tl.observations.append((at, "versions", batch))
 
 
 def _untimed(t: float) -> bool:

@@ -65,6 +65,13 @@ def cmd_record(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"moptd record: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    host = config.collectors.get("host")
+    host_options = dict(host.options) if host is not None else {}
+    wsl_dirs: dict[str, Any] = {}
+    if "wsl_lib_dir" in host_options:
+        wsl_dirs["wsl_lib_dir"] = Path(host_options["wsl_lib_dir"])
+    if "guest_lib_dirs" in host_options:
+        wsl_dirs["guest_lib_dirs"] = tuple(Path(d) for d in host_options["guest_lib_dirs"])
     opts = RecordOptions(
         duration,
         interval,
@@ -72,6 +79,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         serving=serving,
         extra_notes=args.note,
         site_packages=site_packages,
+        **wsl_dirs,
     )
     out = Path(args.out)
     with _progress(args.quiet) as progress:
@@ -105,8 +113,26 @@ def serving_sources(config: Any) -> list[Any]:
             managed.log_file,
             managed.command,
             managed.model_dir,
+            pid=managed_pid(config.api_socket, managed.name),
+            managed=True,
         )
     return list(out.values())
+
+
+def managed_pid(socket_path: Path, name: str) -> int | None:
+    """The managed serving process's PID, as the daemon that runs it says (GET /v1/serving);
+    None when no daemon answers or the process is not running. Only reads."""
+    from moptd.cli.client import DaemonUnreachable, get_json
+
+    try:
+        body = get_json(socket_path, "/v1/serving?lines=1", timeout=2.0)
+    except DaemonUnreachable:
+        return None
+    status = body.get("managed") if isinstance(body, dict) else None
+    if not isinstance(status, dict) or status.get("name") != name:
+        return None
+    pid = status.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
 class _progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from moptd.cli import EXIT_USAGE
 
@@ -60,21 +61,38 @@ def _paths(args: argparse.Namespace) -> list[Path]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from moptd.daemon.views import links_view
     from moptd.diagnose.lint import lint
+    from moptd.diagnose.loader import load_rules
 
     paths = _paths(args)
     errors, rules = lint(paths)
+    links = links_view(load_rules(paths).ruleset.links)
     if args.json:
         problems = [{"file": e.file, "line": e.line, "message": e.message} for e in errors]
-        _print_json({"ok": not errors, "rules": rules, "problems": problems})
+        _print_json({"ok": not errors, "rules": rules, "links": links, "problems": problems})
         return 1 if errors else 0
     for e in errors:
         print(e, file=sys.stderr)
     if errors:
         print(f"{len(errors)} problem(s)", file=sys.stderr)
         return 1
-    print(f"{rules} rules OK")
+    for lk in links:  # before the verdict line, which stays the last (scripts read it)
+        print(_link_line(lk))
+    print(f"{len(links)} links, {rules} rules OK")
     return 0
+
+
+def _link_line(lk: dict[str, Any]) -> str:
+    """One link: what follows from what, over which join, and where it is declared."""
+    consequence = ", ".join(map(str, lk["consequence"]))
+    cause = ", ".join(map(str, lk["cause"]))
+    cond = f" if {lk['if']}" if lk["if"] else ""
+    off = "" if lk["enabled"] else " (disabled)"
+    return (
+        f"link {lk['id']}{off}: {consequence} <- {cause} ({lk['join']}, within "
+        f"{lk['within_seconds']:g}s{cond})  {lk['file']}:{lk['line']}"
+    )
 
 
 def cmd_test(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from moptd.collectors.host import HostCollector
 from moptd.collectors.kernel_log import KernelLogCollector
 from moptd.collectors.nvml import NvmlCollector
 from moptd.collectors.serving import ServingCollector
+from moptd.collectors.versions import VersionsCollector
 
 ALL: tuple[type[Collector], ...] = (
     ContainerCollector,
@@ -24,6 +25,7 @@ ALL: tuple[type[Collector], ...] = (
     KernelLogCollector,
     NvmlCollector,
     ServingCollector,
+    VersionsCollector,
 )
 
 

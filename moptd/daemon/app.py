@@ -17,6 +17,7 @@ from moptd.clock import SystemClock
 from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
 from moptd.collectors.serving import ServingCollector
+from moptd.collectors.versions import global_options_of
 from moptd.config import Config, ConfigError, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
@@ -41,6 +42,7 @@ def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]
     known = registry()
     out: dict[str, tuple[Collector, float, float]] = {}
     xids = XidTally()  # one for the kernel-log and NVML collectors: an Xid counts once
+    versions = global_options_of(config.raw)  # the serving environments whose versions count
     for name, cc in config.collectors.items():
         if not cc.enabled or name not in known:
             continue
@@ -52,7 +54,7 @@ def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]
             etc=config.host_root / "etc",
             host_root=config.host_root,
             state_dir=config.state_dir,
-            global_options={"watch_paths": config.watch_paths},
+            global_options={"watch_paths": config.watch_paths, **versions},
             xids=xids,
         )
         out[name] = (known[name](ctx), cc.interval, cc.timeout)

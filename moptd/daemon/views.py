@@ -236,5 +236,26 @@ def rules_view(rules: Any) -> dict[str, Any]:
     return {
         "files": list(rules.ruleset.files),
         "rules": out,
+        "links": links_view(rules.ruleset.links),
         "errors": [str(e) for e in getattr(rules, "errors", [])],
     }
+
+
+def links_view(links: Iterable[Any]) -> list[dict[str, Any]]:
+    """The links in force (``links:`` in rule files, moptd.diagnose.links), in the order
+    they are tried: the first that holds is the one made. /v1/rules and `rules check`."""
+    return [
+        {
+            "id": lk.id,
+            "title": lk.title,
+            "consequence": sorted(lk.consequence),
+            "cause": list(lk.cause),
+            "join": lk.join,
+            "within_seconds": lk.within,
+            "if": lk.cond.text if lk.cond is not None else None,
+            "enabled": lk.enabled,
+            "file": lk.file,
+            "line": lk.line,
+        }
+        for lk in links
+    ]

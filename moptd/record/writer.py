@@ -32,8 +32,11 @@ from moptd.collectors.driver import parse_module_version
 from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.nvsmi import NvsmiError, read_dump
 from moptd.gpu.recorded import sample_row
+from moptd.proc import wsl
 from moptd.serving import version_lock
+from moptd.serving.bundle import ENVIRON
 from moptd.serving.environment import site_packages_of
+from moptd.serving.signals import CUDA_ENV, MAX_ENVIRON_BYTES, cuda_environ
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ class ServingSource:
     log_file: Path | None = None
     command: tuple[str, ...] = ()
     model_dir: Path | None = None
+    pid: int | None = None  # the managed process's, as the daemon reports it
+    managed: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,9 @@ class RecordOptions:
     serving: Sequence[ServingSource] = ()
     extra_notes: Sequence[str] = ()
     site_packages: Sequence[Path] = ()  # versions.site_packages: more serving environments
+    # the host collector's WSL2 directories (collectors.host.wsl_lib_dir, guest_lib_dirs)
+    wsl_lib_dir: Path = Path(wsl.WSL_LIB_DIR)
+    guest_lib_dirs: Sequence[Path] = tuple(Path(d) for d in wsl.GUEST_LIB_DIRS)
 
 
 @dataclass
@@ -179,7 +187,12 @@ class Recorder:
             "NVIDIA driver (module not loaded)",
         )
         self._copy(root, proc / "sys/kernel/tainted", "kernel/tainted", "taint flags")
-        self._tool(root, ["uname", "-r"], "kernel/uname_r")
+        # uname's release is /proc/sys/kernel/osrelease: read there, so a record taken with
+        # another procfs (a host root) says that host's, as the rest of it does
+        if (proc / "sys/kernel/osrelease").is_file():
+            self._copy(root, proc / "sys/kernel/osrelease", "kernel/uname_r", "kernel release")
+        else:
+            self._tool(root, ["uname", "-r"], "kernel/uname_r")
         if shutil.which("dkms"):
             self._tool(root, ["dkms", "status"], "kernel/dkms_status.txt")
         self._copy(
@@ -200,6 +213,35 @@ class Recorder:
                 self._tool(
                     root, ["ls", "-l", str(s.model_dir)], f"serving/{s.name}/model_files.txt"
                 )
+            if s.managed:
+                self._environ(root, s)
+
+    def _environ(self, root: Path, s: ServingSource) -> None:
+        """serving/NAME/environ.txt: the managed process's CUDA_VISIBLE_DEVICES and
+        CUDA_DEVICE_ORDER from /proc/PID/environ (nothing else of its environment), the GPUs
+        replay's links join it to (moptd.serving.signals.CUDA_ENV)."""
+        rel = f"serving/{s.name}/{ENVIRON}"
+        if s.pid is None:
+            self.notes.append(
+                f"{rel}: the managed process's PID is not known (no moptd daemon "
+                "answered on the API socket, or the process is not running)"
+            )
+            return
+        src = self.opts.procfs / str(s.pid) / "environ"
+        try:
+            with src.open("rb") as fh:
+                data = fh.read(MAX_ENVIRON_BYTES)
+        except OSError as exc:
+            self.notes.append(f"{rel}: cannot read {src}: {exc.strerror or exc}")
+            return
+        found = cuda_environ(data)
+        if not found:
+            self.notes.append(
+                f"{rel}: the process sets none of {', '.join(CUDA_ENV)} (every GPU is visible "
+                "to it)"
+            )
+            return
+        self._write(root, rel, "".join(f"{k}={found[k]}\n" for k in CUDA_ENV if k in found))
 
     def _sample_loop(self, root: Path, started: float) -> None:
         duration = max(0.0, self.opts.duration)
@@ -322,6 +364,41 @@ class Recorder:
             self._tool(root, ["ss", "-ltnp"], "host/listening.txt")
         else:
             self.notes.append("host/listening.txt: `ss` not installed")
+        self._wsl(root)
+
+    def _wsl(self, root: Path) -> None:
+        """On a WSL2 guest (docs/wsl.md): `ls -l` of the Windows driver's library mount as
+        host/wsl_lib.txt (its "No such file or directory" when it is absent: that is the
+        evidence), and of the guest's library directories as host/guest_libs.txt."""
+        release = ""
+        try:
+            release = (self.opts.procfs / "sys/kernel/osrelease").read_text()[:256].strip()
+        except OSError:
+            pass
+        if wsl.wsl_generation(release) != 2:
+            return
+        out = _ls(self.opts.wsl_lib_dir)
+        if out is not None and not wsl.listed_names(out, (str(self.opts.wsl_lib_dir),)):
+            # an empty mount: ls's own word on the stub the collector looks for, which
+            # replay reads as absent ("total 0" names nothing and would not read)
+            out = _ls(self.opts.wsl_lib_dir / "libcuda.so.1")
+        if out is None:
+            self.notes.append(f"host/wsl_lib.txt: `ls -l {self.opts.wsl_lib_dir}` failed")
+        else:
+            self._write(root, "host/wsl_lib.txt", out)
+        present = [d for d in self.opts.guest_lib_dirs if d.is_dir()]
+        listing = _run(["ls", "-l", *map(str, present)]) if present else None
+        dirs = tuple(map(str, self.opts.guest_lib_dirs))
+        if listing is not None and not wsl.listed_names(listing, dirs):
+            self.notes.append(f"host/guest_libs.txt: {', '.join(dirs)} hold no file")
+        elif listing is None:
+            self.notes.append(
+                "host/guest_libs.txt: no guest library directory could be listed ("
+                + ", ".join(map(str, self.opts.guest_lib_dirs))
+                + ")"
+            )
+        else:
+            self._write(root, "host/guest_libs.txt", listing)
 
     def _versions(self, root: Path) -> None:
         """versions.json, always: the driver, its CUDA version, the GPUs' compute
@@ -384,6 +461,25 @@ class Recorder:
             meta["boot_time"] = boot
         meta["notes"] = "\n".join(self.notes) if self.notes else "nothing was left out"
         self._write(root, "bundle.yaml", yaml.safe_dump(meta, sort_keys=False))
+
+
+def _ls(directory: Path) -> str | None:
+    """`ls -l DIR`'s output; for a directory that is not there, ls's own message."""
+    if shutil.which("ls") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["ls", "-l", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=TOOL_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode == 0:
+        return out.stdout
+    return out.stderr if "No such file or directory" in out.stderr else None
 
 
 def _mkdirs(root: Path, folder: Path) -> None:

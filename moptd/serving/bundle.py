@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +37,19 @@ FILES = ("metrics/", "log.txt", "cmdline.txt", "model_files.txt", "health.jsonl"
 ENVIRON = "environ.txt"
 _PROBE_OF = {"/health": "health", "/v1/models": "models", "/v1/completions": "generate"}
 _TS = re.compile(r"^(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)$")
+# A stamp with its year, at the start of a line (after a docker compose or CI "name  | "
+# prefix): ONNX Runtime's own logger, "2024-03-27 06:33:23.219728338 [E:onnxruntime:...",
+# the time point through date.h's operator<<, so UTC, in nanoseconds (100 ns on Windows);
+# Python logging's "[2024-03-27 06:33:22,299]" and SGLang's "[2025-08-05 11:14:39 TP2]";
+# uvicorn behind a CI's "[2024-09-05T00:38:34Z]"; TensorRT's "[06/08/2022-15:28:47]"
+# (month first, as its logger's strftime "%m/%d/%Y-%H:%M:%S"). Without a zone the time is
+# read as UTC, as vLLM's are.
+_FULL_TS = re.compile(
+    r"^(?:[\w.-]{0,64} *\| )?\s{0,8}\[?"
+    r"(?:(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T]|(?P<mo2>\d\d)/(?P<d2>\d\d)/(?P<y2>\d{4})-)"
+    r"(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?"
+    r"(?P<zone>Z|[+-]\d\d:?\d\d)?(?=[\] ]|$)"
+)
 
 
 class ServingBundleError(LocatedError):
@@ -58,7 +72,9 @@ def read_serving_dir(
     """``path`` is ``serving/<name>``; its subject is ``serving:<name>``. vLLM log lines
     carry no year and local time: ``year`` completes them as UTC (default: the first
     scrape's, else the year of ``captured_at``, the bundle's capture time, a December line
-    in a January capture taking the year before; else this year)."""
+    in a January capture taking the year before; else the year of the log's first line
+    that carries one, else this year). A line whose stamp holds its year (ONNX Runtime,
+    TensorRT, SGLang, Python logging: ``full_date``) keeps its own date."""
     subject = f"serving:{path.name}"
     out = ServingReplay()
     scrape_times = _read_metrics(path / "metrics", subject, window, out)
@@ -125,6 +141,7 @@ def _read_log(
     if not f.exists():
         out.missing.append("log.txt")
         return state
+    lines = _text(f).splitlines()
     # a line later than the capture by more than a day is from the year before
     rollover = year is None and first is None and captured_at is not None
     if year is None:
@@ -132,13 +149,17 @@ def _read_log(
             year = datetime.fromtimestamp(first, UTC).year
         elif captured_at is not None:
             year = datetime.fromtimestamp(captured_at, UTC).year
-        else:
-            year = datetime.now(UTC).year
+        else:  # the year the log's own dated lines give (TensorRT's beside vLLM's), else now
+            dated = next((d for d in map(full_date, lines) if d is not None), None)
+            year = datetime.fromtimestamp(dated if dated is not None else time.time(), UTC).year
     t = first if first is not None else 0.0
-    for line in _text(f).splitlines():
+    for line in lines:
+        dated = full_date(line)
         head, _ = split_prefix(line)
-        stamp = _TS.match(head.get("ts", ""))
-        if stamp is not None:
+        stamp = None if dated is not None else _TS.match(head.get("ts", ""))
+        if dated is not None:
+            t = dated
+        elif stamp is not None:
             mo, d, h, mi, s = (int(x) for x in stamp.groups())
             try:
                 t = datetime(year, mo, d, h, mi, s, tzinfo=UTC).timestamp()
@@ -160,6 +181,25 @@ def _read_log(
             continue
         out.events.append(Event(rec.stream, subject, t, state.event_fields(rec), line[:1000]))
     return state
+
+
+def full_date(line: str) -> float | None:
+    """The Unix time of a line that starts with a stamp holding its year (``_FULL_TS``);
+    None for any other line, and for a date that does not exist (02-30, month 13)."""
+    m = _FULL_TS.match(line[:200])
+    if m is None:
+        return None
+    g = m.groupdict()
+    year, month, day = (g["y"], g["mo"], g["d"]) if g["y"] else (g["y2"], g["mo2"], g["d2"])
+    zone = g["zone"] or "Z"
+    offset = 0 if zone == "Z" else int(zone[0] + "1") * (int(zone[1:3]) * 60 + int(zone[-2:]))
+    try:
+        when = datetime(
+            int(year), int(month), int(day), int(g["h"]), int(g["mi"]), int(g["s"]), tzinfo=UTC
+        )
+    except ValueError:
+        return None
+    return when.timestamp() - offset * 60 + float("0." + (g["frac"] or "0"))
 
 
 # The log records that carry what a metrics page would (fill_from_log).
