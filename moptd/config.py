@@ -174,9 +174,10 @@ SCHEMA: dict[str, Any] = {
         "site_packages": (
             (list,),
             [],
-            "site-packages directories of serving environments for `moptd doctor`'s versions "
-            "view and `moptd record`'s versions.json, beside the managed engine's own (found "
-            "from its command); read as files, nothing is imported from them.",
+            "site-packages directories of serving environments for the versions collector, "
+            "`moptd doctor`'s versions view and `moptd record`'s versions.json, beside the "
+            "managed engine's own (found from its command); read as files, nothing is "
+            "imported from them.",
         ),
     },
     "host": {
