@@ -21,6 +21,7 @@ from moptd.collector import Collector, OptionError
 from moptd.diagnose.loader import default_rules_dir
 from moptd.durations import format_duration, parse_duration
 from moptd.loopback import is_loopback
+from moptd.remediation.policy import DEFAULT_GUARDS, Policy, PolicyError, parse_policy
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
 # A full configuration with every key is a few KiB; anything near this is not one.
@@ -96,6 +97,7 @@ class Config:
     rule_interval: float
     collectors: Mapping[str, CollectorConfig]
     raw: Mapping[str, Any] = field(default_factory=dict)
+    remediation: Policy = field(default_factory=Policy)
 
 
 # The schema: key -> (accepted types, default or a callable giving it, help). Nested
@@ -164,6 +166,52 @@ SCHEMA: dict[str, Any] = {
             "File systems to watch for space (the state dir is always added).",
         ),
     },
+}
+# The remediation policy (docs/remediation.md): checked whole by moptd.remediation.policy.
+_DURATION_OR_NULL = (str, int, float, type(None))  # null is refused there, with the reason
+SCHEMA["remediation"] = {
+    "enabled": (
+        (bool,),
+        False,
+        "Let the daemon act on findings as the policy says (off: moptd only advises).",
+    ),
+    "dry_run": (
+        (bool, type(None)),
+        DEFAULT_GUARDS["dry_run"],
+        "Only log and record what each remedy would do (outcome dry-run); false acts.",
+    ),
+    "min_interval": (
+        _DURATION_OR_NULL,
+        DEFAULT_GUARDS["min_interval"],
+        "Rate limit: least time between two remedies on one engine (up to 7d).",
+    ),
+    "breaker_count": (
+        (int, type(None)),
+        DEFAULT_GUARDS["breaker_count"],
+        "Circuit breaker: after this many remedies within breaker_window moptd stops acting "
+        "and raises REMEDIATION_SUSPENDED (1 to 100).",
+    ),
+    "breaker_window": (
+        _DURATION_OR_NULL,
+        DEFAULT_GUARDS["breaker_window"],
+        "The circuit breaker's window (up to 7d).",
+    ),
+    "min_uptime": (
+        _DURATION_OR_NULL,
+        DEFAULT_GUARDS["min_uptime"],
+        "Least time since the engine started before a remedy may touch it (up to 7d).",
+    ),
+    "verify_timeout": (
+        _DURATION_OR_NULL,
+        DEFAULT_GUARDS["verify_timeout"],
+        "A remedy whose finding has not resolved within this counts as failed (up to 7d).",
+    ),
+    "policy": (
+        (list, type(None)),
+        None,
+        "Entries {code, remedy[, args, env]}: remedy one of restart_engine, restart_with "
+        "(args to add, env to set), readiness_off, none. Loop-prone entries are refused.",
+    ),
 }
 _COLLECTOR_COMMON = {
     "enabled": (bool,),
@@ -447,6 +495,10 @@ def _build(
         raise _KeyProblem(("rules", "paths"), 0, "must be a list of paths")
     rule_interval = _bounded_duration(m, ("rules", "interval"), *_INTERVALS)
     retention = _bounded_duration(m, ("store", "retention"), MIN_RETENTION, MAX_RETENTION)
+    try:
+        remediation = parse_policy(m["remediation"])
+    except PolicyError as exc:
+        raise _KeyProblem(exc.path, 0, exc.message) from None
     return Config(
         source=source,
         state_dir=Path(m["state_dir"]).expanduser(),
@@ -469,6 +521,7 @@ def _build(
         rule_interval=rule_interval,
         collectors=collectors,
         raw=m,
+        remediation=remediation,
     )
 
 
