@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moptd.collectors import registry
 from moptd.config import ConfigError, load_config, parse_config
@@ -369,7 +371,8 @@ async def test_the_circuit_breaker_stops_acting_and_says_so(tmp_path: Path) -> N
 
 @pytest.mark.slow
 async def test_readiness_off_until_the_finding_resolves(tmp_path: Path) -> None:
-    async with Rig(tmp_path, policy("readiness_off")) as rig:
+    # readiness_off touches no process: no uptime guard (min_uptime 1h here)
+    async with Rig(tmp_path, policy("readiness_off", min_uptime="1h")) as rig:
         runtime = CollectorRuntime(rig.store, {})
         app = make_api_app(
             rig.store,
@@ -425,3 +428,83 @@ async def test_sighup_keeps_the_policy_in_force_when_the_new_one_is_bad(
     )
     await daemon._reload_policy()
     assert daemon.remediator.policy.entries[0].remedy == "readiness_off"
+
+
+# --- bad input of any shape is refused, never a crash ---
+
+_yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    [
+        "enabled",
+        "dry_run",
+        "min_interval",
+        "breaker_count",
+        "breaker_window",
+        "min_uptime",
+        "verify_timeout",
+        "policy",
+    ]
+)
+_entries = st.lists(
+    st.dictionaries(
+        st.sampled_from(["code", "remedy", "args", "env", "x"]),
+        _yaml_values | st.sampled_from(["SCHEDULER_STALL", "restart_with", "SERVING_DOWN"]),
+        max_size=4,
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_keys, _yaml_values, max_size=6), _entries)
+def test_any_section_loads_or_is_refused_with_a_key(section: dict[str, Any], entries) -> None:
+    if entries:
+        section["policy"] = entries
+    try:
+        p = parse_policy(section)
+    except PolicyError as exc:
+        refused = exc
+    else:
+        refused = None
+    if refused is not None:
+        assert refused.path[0] == "remediation"
+        assert refused.message
+    else:
+        assert all(
+            e.remedy not in ("restart_engine", "restart_with") or e.code not in CAUSES[e.remedy]
+            for e in p.entries
+        )
+
+
+def test_explain_shows_what_moptd_did() -> None:
+    import io
+
+    from rich.console import Console
+
+    from moptd.cli.explain_remedies import print_remedies
+
+    row = {
+        "t": 1_700_000_000.0,
+        "remedy": "restart_engine",
+        "code": CODE,
+        "subject": SUBJECT,
+        "outcome": "done",
+        "reason": "SCHEDULER_STALL resolved after restart the engine",
+        "actor": "moptd",
+        "entry": "remediation.policy[0]",
+    }
+    out = io.StringIO()
+    print_remedies({"findings": [{"code": CODE, "remediations": [row]}]}, Console(file=out))
+    text = out.getvalue()
+    assert "What moptd did" in text
+    assert "restart_engine for SCHEDULER_STALL on serving:t: done." in text
+    assert "(moptd, remediation.policy[0])" in text
+    out = io.StringIO()
+    print_remedies({"findings": [{"code": CODE}]}, Console(file=out))
+    assert out.getvalue() == ""

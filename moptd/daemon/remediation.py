@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections import Counter, deque
@@ -176,9 +177,10 @@ class Remediator:
 
     # --- the guards, then the remedy ---
 
-    def _guard(self, now: float) -> tuple[str, float | None]:
+    def _guard(self, now: float, entry: Entry) -> tuple[str, float | None]:
         """Why no remedy may run now ("" when one may), and when it could, for the guards
-        that pass with time (the engine's uptime, the rate limit)."""
+        that pass with time (the engine's uptime, the rate limit). readiness_off touches no
+        process: it needs no uptime (SERVING_DOWN is when it matters)."""
         g = self.policy.guards
         if self.suspended is not None:
             return f"circuit breaker open since {_when(self.suspended['since'])}", None
@@ -186,6 +188,8 @@ class Remediator:
             flight = self.in_flight
             return f"a remedy is in flight ({flight.remedy} for {flight.code})", None
         started = self.managed.started_at if self.managed is not None else None
+        if entry.remedy == "readiness_off":
+            started = -math.inf
         if started is None:
             return "the engine is not running (or its start time is unknown)", None
         up = now - started
@@ -219,7 +223,7 @@ class Remediator:
             "dry_run": self.policy.guards.dry_run,
             "finding_first_seen": f.first_seen if f is not None else tr.t,
         }
-        reason, retry_at = self._guard(now)
+        reason, retry_at = self._guard(now, entry)
         if not reason and self._breaker_due(now):
             reason = self._trip(now, tr)
         if reason:
