@@ -168,7 +168,7 @@ SCHEMA: dict[str, Any] = {
     },
 }
 # The remediation policy (docs/remediation.md): checked whole by moptd.remediation.policy.
-_DURATION_OR_NULL = (str, int, float, type(None))  # null is refused there, with the reason
+_GUARD_DURATION = (str, int, float)  # a guard is never null: it cannot be switched off
 SCHEMA["remediation"] = {
     "enabled": (
         (bool,),
@@ -176,33 +176,33 @@ SCHEMA["remediation"] = {
         "Let the daemon act on findings as the policy says (off: moptd only advises).",
     ),
     "dry_run": (
-        (bool, type(None)),
+        (bool,),
         DEFAULT_GUARDS["dry_run"],
         "Only log and record what each remedy would do (outcome dry-run); false acts.",
     ),
     "min_interval": (
-        _DURATION_OR_NULL,
+        _GUARD_DURATION,
         DEFAULT_GUARDS["min_interval"],
         "Rate limit: least time between two remedies on one engine (up to 7d).",
     ),
     "breaker_count": (
-        (int, type(None)),
+        (int,),
         DEFAULT_GUARDS["breaker_count"],
         "Circuit breaker: after this many remedies within breaker_window moptd stops acting "
         "and raises REMEDIATION_SUSPENDED (1 to 100).",
     ),
     "breaker_window": (
-        _DURATION_OR_NULL,
+        _GUARD_DURATION,
         DEFAULT_GUARDS["breaker_window"],
         "The circuit breaker's window (up to 7d).",
     ),
     "min_uptime": (
-        _DURATION_OR_NULL,
+        _GUARD_DURATION,
         DEFAULT_GUARDS["min_uptime"],
         "Least time since the engine started before a remedy may touch it (up to 7d).",
     ),
     "verify_timeout": (
-        _DURATION_OR_NULL,
+        _GUARD_DURATION,
         DEFAULT_GUARDS["verify_timeout"],
         "A remedy whose finding has not resolved within this counts as failed (up to 7d).",
     ),
