@@ -324,7 +324,11 @@ class Remediator:
                 "trigger": self.suspended["code"],
             },
             path=[BREAKER_RULE],
-            actions=["moptd remediations", "moptd serving logs", "moptd serving restart"],
+            actions=[
+                f"moptd explain {self.subject}",
+                "moptd serving logs",
+                "moptd serving restart",
+            ],
             runbook=RUNBOOK,
         )
         self.diagnosis.rules.restore([f])
