@@ -315,13 +315,6 @@ class Supervisor:
             return
         self.state = "stopping"
         self._kill_group(signal.SIGTERM)
-        # A stopped process (an engine core hung with SIGSTOP, or stopped by a debugger)
-        # keeps SIGTERM pending until it runs again: without SIGCONT it and the API server
-        # waiting on it sat out the whole stop_grace (20 s in 1 of 3 remedy runs measured,
-        # BENCHMARKS.md). systemd does the same: "right after sending the signal specified
-        # in this setting, systemd will always send SIGCONT, to ensure that even suspended
-        # tasks can be terminated cleanly" (systemd.kill(5), KillSignal=).
-        self._kill_group(signal.SIGCONT)
         try:
             async with asyncio.timeout(self.spec.stop_grace):
                 await proc.wait()
