@@ -49,7 +49,16 @@ async def one_run(rig: RemediationRig) -> dict[str, float]:
     await rig.until("recovered", rig.serving, 600)
     recovered = time.monotonic() - t0
     # the next run's hang must be a new finding: wait until this one resolved
-    await rig.until("resolved", lambda: not rig.firing(STALL), 300)
+    t1 = time.monotonic()
+
+    def resolved() -> bool:
+        nonlocal t1
+        if os.environ.get("MOPTD_BENCH_DEBUG") and time.monotonic() - t1 > 20:
+            t1 = time.monotonic()
+            print("stall rule:", rig.stall_result(), flush=True)
+        return not rig.firing(STALL)
+
+    await rig.until("resolved", resolved, 300)
     return {
         "hang_to_stall_s": detect,
         "hang_to_restart_s": restart,

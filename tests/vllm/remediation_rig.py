@@ -86,7 +86,18 @@ class RemediationRig:
                 return time.monotonic() - t0
             await asyncio.sleep(0.5)
         tail = "\n".join(line for _, line in self.h.supervisor.ring.tail(30))
-        pytest.fail(f"{what}: not within {limit:g}s; {self.h.supervisor.status()}\n{tail}")
+        pytest.fail(
+            f"{what}: not within {limit:g}s; {self.h.supervisor.status()}\n"
+            f"stall rule: {self.stall_result()}\n{tail}"
+        )
+
+    def stall_result(self) -> str:
+        """The stall rule's last result on the engine, with what each condition saw."""
+        r = self.diagnosis.rules.result("serving-scheduler-stall", SUBJECT)
+        if r is None:
+            return "not evaluated"
+        steps = [(s.node, s.value, s.seen) for s in r.steps]
+        return f"{r.status} {r.path} {steps}"
 
     def firing(self, code: str) -> bool:
         return any(f.code == code and f.subject == SUBJECT for f in self.diagnosis.rules.active())
@@ -120,6 +131,7 @@ class RemediationRig:
         assert pgid is not None
         core = engine_core(pgid)
         os.kill(core, signal.SIGSTOP)
+        assert not task.done(), "the load ended before the engine core was stopped"
         return core, task
 
 
