@@ -21,6 +21,7 @@ from moptd.collector import Collector, OptionError
 from moptd.diagnose.loader import default_rules_dir
 from moptd.durations import format_duration, parse_duration
 from moptd.loopback import is_loopback
+from moptd.remediation.policy import DEFAULT_GUARDS, Policy, PolicyError, parse_policy
 
 SYSTEM_CONFIG = Path("/etc/moptd/moptd.yaml")
 # A full configuration with every key is a few KiB; anything near this is not one.
@@ -97,6 +98,7 @@ class Config:
     collectors: Mapping[str, CollectorConfig]
     raw: Mapping[str, Any] = field(default_factory=dict)
     host_root: Path = Path("/")  # paths.host_root: the host's / (procfs, sysfs derive from it)
+    remediation: Policy = field(default_factory=Policy)
 
 
 # The schema: key -> (accepted types, default or a callable giving it, help). Nested
@@ -201,6 +203,52 @@ SCHEMA: dict[str, Any] = {
             "twice the managed model's weights (checkpoint and engine); null: not checked.",
         ),
     },
+}
+# The remediation policy (docs/remediation.md): checked whole by moptd.remediation.policy.
+_GUARD_DURATION = (str, int, float)  # a guard is never null: it cannot be switched off
+SCHEMA["remediation"] = {
+    "enabled": (
+        (bool,),
+        False,
+        "Let the daemon act on findings as the policy says (off: moptd only advises).",
+    ),
+    "dry_run": (
+        (bool,),
+        DEFAULT_GUARDS["dry_run"],
+        "Only log and record what each remedy would do (outcome dry-run); false acts.",
+    ),
+    "min_interval": (
+        _GUARD_DURATION,
+        DEFAULT_GUARDS["min_interval"],
+        "Rate limit: least time between two remedies on one engine (up to 7d).",
+    ),
+    "breaker_count": (
+        (int,),
+        DEFAULT_GUARDS["breaker_count"],
+        "Circuit breaker: after this many remedies within breaker_window moptd stops acting "
+        "and raises REMEDIATION_SUSPENDED (1 to 100).",
+    ),
+    "breaker_window": (
+        _GUARD_DURATION,
+        DEFAULT_GUARDS["breaker_window"],
+        "The circuit breaker's window (up to 7d).",
+    ),
+    "min_uptime": (
+        _GUARD_DURATION,
+        DEFAULT_GUARDS["min_uptime"],
+        "Least time since the engine started before a remedy may touch it (up to 7d).",
+    ),
+    "verify_timeout": (
+        _GUARD_DURATION,
+        DEFAULT_GUARDS["verify_timeout"],
+        "A remedy whose finding has not resolved within this counts as failed (up to 7d).",
+    ),
+    "policy": (
+        (list, type(None)),
+        None,
+        "Entries {code, remedy[, args, env]}: remedy one of restart_engine, restart_with "
+        "(args to add, env to set), readiness_off, none. Loop-prone entries are refused.",
+    ),
 }
 _COLLECTOR_COMMON = {
     "enabled": (bool,),
@@ -489,6 +537,10 @@ def _build(
     retention = _bounded_duration(m, ("store", "retention"), MIN_RETENTION, MAX_RETENTION)
     if m["doctor"]["latency_p999_objective"] is not None:  # doctor reads it from raw
         _bounded_duration(m, ("doctor", "latency_p999_objective"), 0.001, MAX_INTERVAL)
+    try:
+        remediation = parse_policy(m["remediation"])
+    except PolicyError as exc:
+        raise _KeyProblem(exc.path, 0, exc.message) from None
     return Config(
         source=source,
         state_dir=Path(m["state_dir"]).expanduser(),
@@ -512,6 +564,7 @@ def _build(
         rule_interval=rule_interval,
         collectors=collectors,
         raw=m,
+        remediation=remediation,
     )
 
 

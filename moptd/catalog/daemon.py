@@ -121,6 +121,17 @@ SIGNALS = [
         labels=("rule",),
     ),
     SignalSpec(
+        "remediation.total",
+        "counter",
+        "count",
+        "Remedies the remediation policy chose since moptd started, by the code that "
+        "triggered them, the remedy and the outcome (done, dry-run, failed, "
+        "suppressed-by-guard); the audit trail is GET /v1/remediations.",
+        "node",
+        "moptd_remediations_total",
+        labels=("code", "remedy", "outcome"),
+    ),
+    SignalSpec(
         "store.series_dropped",
         "counter",
         "count",

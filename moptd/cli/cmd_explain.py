@@ -126,6 +126,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from moptd.cli.render_explain import print_explain
 
         print_explain(view, verbose=args.verbose)
+        from moptd.cli.explain_remedies import print_remedies  # "What moptd did"
+
+        print_remedies(view)
     return EXIT_BAD_INPUT if view.get("unusable") else 0
 
 

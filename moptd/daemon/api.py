@@ -13,6 +13,7 @@ from moptd.daemon.auth import AUTH, ApiAuth, tcp_guard
 from moptd.daemon.handlers import (
     DIAGNOSIS,
     MANAGED,
+    REMEDIATOR,
     RUNTIME,
     STARTED,
     STORE,
@@ -22,14 +23,17 @@ from moptd.daemon.handlers import (
     findings,
     health,
     reload_rules,
+    remediations,
     rules,
     serving,
+    serving_ready,
     serving_restart,
     snapshot,
     status,
 )
 from moptd.daemon.http import MAX_REQUEST_BYTES, capped_app, json_errors
 from moptd.daemon.managed import ManagedProcess
+from moptd.daemon.remediation import Remediator
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.findings.service import Diagnosis
 from moptd.store import SignalStore
@@ -42,6 +46,7 @@ def make_api_app(
     diagnosis: Diagnosis | None = None,
     auth: ApiAuth | None = None,
     managed: ManagedProcess | None = None,
+    remediator: Remediator | None = None,
 ) -> web.Application:
     app = capped_app(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors, tcp_guard])
     app[STORE] = store
@@ -50,6 +55,8 @@ def make_api_app(
     app[AUTH] = auth or ApiAuth()
     if managed is not None:
         app[MANAGED] = managed
+    if remediator is not None:
+        app[REMEDIATOR] = remediator
     if diagnosis is not None:
         app[DIAGNOSIS] = diagnosis
 
@@ -68,4 +75,6 @@ def make_api_app(
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/serving", serving)
     app.router.add_post("/v1/serving/{name}/restart", serving_restart)
+    app.router.add_get("/v1/serving/{name}/ready", serving_ready)
+    app.router.add_get("/v1/remediations", remediations)
     return app

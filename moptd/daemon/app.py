@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -18,13 +19,14 @@ from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
 from moptd.collectors.serving import ServingCollector
 from moptd.collectors.versions import global_options_of
-from moptd.config import Config, ConfigError, split_listen
+from moptd.config import Config, ConfigError, load_config, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
 from moptd.daemon.auth import ApiAuth, load_token
 from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.http import CAP, CappedSite, capped_app, make_runner
 from moptd.daemon.managed import ManagedProcess, managed_process
+from moptd.daemon.remediation import Remediator
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.daemon.socket_group import give_to_group
 from moptd.daemon.webconfig import BasicAuth, WebConfig, load_web_config
@@ -111,6 +113,8 @@ class Daemon:
             interval=config.rule_interval,
             before_tick=self._set_missing,
         )
+        # acts on findings as remediation: says (off by default); the one actuator
+        self.remediator = Remediator(config.remediation, self.managed, self.diagnosis, self.store)
         self._reload: asyncio.Task[None] | None = None
         self._reload_wanted = False
         self.started = time.time()
@@ -136,6 +140,20 @@ class Daemon:
                 await self.diagnosis.reload()
             except Exception:
                 log.exception("rule reload failed; the rules in force stay")
+            await self._reload_policy()
+
+    async def _reload_policy(self) -> None:
+        """SIGHUP reads the remediation policy again (the rest of the file needs a restart);
+        a file that does not load keeps the policy in force."""
+        if self.config.source == "<defaults>":
+            return
+        try:
+            config = await asyncio.to_thread(load_config, Path(self.config.source), registry())
+        except ConfigError as exc:
+            log.error("remediation policy not reloaded, the one in force stays: %s", exc)
+            return
+        if config.remediation != self.remediator.policy:
+            self.remediator.set_policy(config.remediation)
 
     async def run(self) -> int:
         if self.config.exporter_web_config is not None:
@@ -171,15 +189,18 @@ class Daemon:
                 exc.strerror or exc,
             )
         await self.diagnosis.start()
+        self.remediator.start()
         try:
             await self._serve()
         except ListenError as exc:
             log.error("%s", exc)
+            await self.remediator.stop()
             await self._shutdown()
             await self.diagnosis.stop()
             return 1
         except OSError as exc:
             log.error("cannot listen: %s", exc)
+            await self.remediator.stop()
             await self._shutdown()
             await self.diagnosis.stop()
             return 1
@@ -200,6 +221,7 @@ class Daemon:
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+            await self.remediator.stop()
             await self.runtime.stop()
             if self.managed is not None:
                 await self.managed.stop()
@@ -248,7 +270,13 @@ class Daemon:
             )
         auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
         api_app = make_api_app(
-            self.store, self.runtime, self.started, self.diagnosis, auth, self.managed
+            self.store,
+            self.runtime,
+            self.started,
+            self.diagnosis,
+            auth,
+            self.managed,
+            self.remediator,
         )
         api = make_runner(api_app)
         await api.setup()

@@ -20,6 +20,7 @@ from moptd.daemon.http import (
     read_body,
 )
 from moptd.daemon.managed import ManagedProcess
+from moptd.daemon.remediation import Remediator
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.daemon.views import (
     gpus_view,
@@ -60,6 +61,7 @@ STORE = web.AppKey("store", SignalStore)
 STARTED = web.AppKey("started", float)
 DIAGNOSIS = web.AppKey("diagnosis", Diagnosis)
 MANAGED = web.AppKey("managed", ManagedProcess)
+REMEDIATOR = web.AppKey("remediator", Remediator)
 
 
 def _diagnosis(request: web.Request) -> Diagnosis:
@@ -228,7 +230,34 @@ async def serving_restart(request: web.Request) -> web.Response:
     if (await read_body(request)).strip() not in (b"", b"{}"):
         raise ApiError(400, "restart takes no request body")
     await sup.restart()
+    remediator = request.app.get(REMEDIATOR)
+    if remediator is not None:  # like the crash loop, an operator restart closes the breaker
+        remediator.reset("an operator restarted the engine (POST /v1/serving/<name>/restart)")
     return web.json_response({"restarted": sup.spec.name, "managed": sup.status()}, dumps=dumps)
+
+
+async def serving_ready(request: web.Request) -> web.Response:
+    """The engine's readiness for a balancer: 200 while it runs and no remedy holds it
+    off (remediation readiness_off), 503 otherwise; the body says why."""
+    query_params(request, set())
+    _supervisor(request, request.match_info["name"])
+    managed = request.app[MANAGED]
+    ready, reason = managed.ready()
+    body = {"name": managed.spec.name, "ready": ready, "reason": reason}
+    return web.json_response(body, status=200 if ready else 503, dumps=dumps)
+
+
+async def remediations(request: web.Request) -> web.Response:
+    """The remediation policy in force, the breaker, and the audit trail (newest first)."""
+    q = query_params(request, {"since", "subject", "limit"})
+    d = _diagnosis(request)
+    since = _since(q)
+    limit = limit_param(q, 500)
+    rows = await queries.remediations(d, since, q.get("subject"), limit)
+    remediator = request.app.get(REMEDIATOR)
+    body: dict[str, Any] = remediator.view() if remediator is not None else {"policy": None}
+    body["remediations"] = rows
+    return web.json_response(body, dumps=dumps)
 
 
 async def events(request: web.Request) -> web.StreamResponse:

@@ -10,7 +10,7 @@ read-only ``SupervisorView`` of it. Every one-shot path (``status --offline``,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from moptd.collectors.serving import ServingCollector, targets
@@ -64,6 +64,7 @@ class ManagedProcess:
         else:
             self.supervisor = Supervisor(spec, publish, state_dir / "serving" / spec.name)
         self.view = SupervisorView(self.supervisor)
+        self.not_ready = ""  # why a remedy holds readiness off; "" while it does not
 
     async def start(self) -> None:
         try:
@@ -76,6 +77,48 @@ class ManagedProcess:
             await self.supervisor.stop()
         finally:
             self.supervisor.close()
+
+    # --- remedies (moptd.daemon.remediation is their one caller) ---
+
+    @property
+    def started_at(self) -> float | None:
+        """When the running engine started; None when it is not running or not known
+        (the systemd backend does not say)."""
+        if self.supervisor.pid is None:
+            return None
+        started = getattr(self.supervisor, "started_at", None)
+        return float(started) if isinstance(started, int | float) else None
+
+    async def restart_with(self, args: tuple[str, ...], env: Mapping[str, str]) -> list[str]:
+        """Restart the engine, with a changed setting when given; what changed."""
+        changed: list[str] = []
+        if args or env:
+            if not isinstance(self.supervisor, Supervisor):
+                raise RemedyRefused("restart_with needs the process backend, not systemd")
+            changed = self.supervisor.amend(args, env)
+        await self.supervisor.restart()
+        return changed
+
+    def readiness_off(self, why: str) -> None:
+        """Fail /v1/serving/<name>/ready so a balancer stops sending traffic."""
+        self.not_ready = why
+
+    def readiness_on(self) -> None:
+        self.not_ready = ""
+
+    def ready(self) -> tuple[bool, str]:
+        """The readiness a balancer reads: off while a remedy holds it off, or while the
+        engine is not running."""
+        if self.not_ready:
+            return False, self.not_ready
+        state = str(self.supervisor.status().get("state", ""))
+        if state != "running":
+            return False, f"the engine is {state or 'not running'}"
+        return True, "running"
+
+
+class RemedyRefused(Exception):
+    """A remedy that cannot be done on this engine; the audit records it as failed."""
 
 
 def managed_process(

@@ -346,6 +346,14 @@ CODES: dict[str, Code] = {
         "warning",
         "a rule raised while it ran (an overflow, a recursion too deep): it diagnoses nothing",
     ),
+    "REMEDIATION_SUSPENDED": Code(
+        "moptd",
+        "warning",
+        (
+            "the remediation circuit breaker tripped: after too many remedies in its window "
+            "moptd stopped acting on the engine until an operator restarts it"
+        ),
+    ),
 }
 
 # The layers a rule may declare; moptd's own health (layer "moptd") is no rule's.

@@ -97,9 +97,32 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # The remediation audit trail (moptd.daemon.remediation): one row per remedy the
+    # policy chose, whatever came of it. finding_id is no foreign key: the audit outlives
+    # a finding pruned by age.
+    """
+    CREATE TABLE remediations (
+        id INTEGER PRIMARY KEY,
+        key TEXT NOT NULL UNIQUE,
+        t REAL NOT NULL,
+        finished_at REAL,
+        finding_id INTEGER,
+        rule TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        code TEXT NOT NULL,
+        remedy TEXT NOT NULL,
+        entry TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        detail TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX remediations_t ON remediations(t);
+    CREATE INDEX remediations_finding ON remediations(finding_id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
-TABLES = ("findings", "transitions", "events", "positions")  # parents first
+TABLES = ("findings", "transitions", "events", "positions", "remediations")  # parents first
 
 
 # While in memory after a failed write, the file is tried again after RETRY_FIRST seconds,
@@ -544,6 +567,16 @@ class FindingsDB:
         now = time.time()
         return self.submit(lambda _c: self._write(lambda c: _upsert_position(c, pos, now)))
 
+    def record_remediation(self, rec: Mapping[str, Any]) -> concurrent.futures.Future[None]:
+        """One remedy's audit row, inserted or brought up to date by its `key`."""
+        row = dict(rec)
+        return self.submit(lambda _c: self._write(lambda c: _upsert_remediation(c, row)))
+
+    def remediations(
+        self, since: float | None = None, subject: str | None = None, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        return self.call(lambda c: query_remediations(c, since, subject, limit))
+
     def load_position(self, source: str) -> LogPosition | None:
         """The committed position of a log (blocking); None when none was committed."""
         return self.call(lambda c: _select_position(c, source))
@@ -558,6 +591,7 @@ class FindingsDB:
         def by_age(c: sqlite3.Connection) -> None:
             horizon = now - self.retention.max_age
             out["events"] += c.execute("DELETE FROM events WHERE t < ?", (horizon,)).rowcount
+            c.execute("DELETE FROM remediations WHERE t < ?", (horizon,))
             out["findings"] += c.execute(
                 "DELETE FROM findings WHERE updated_at < ? AND state NOT IN (?, ?)",
                 (horizon, *OPEN_STATES),
@@ -859,7 +893,61 @@ def get_finding(c: sqlite3.Connection, finding_id: int) -> dict[str, Any] | None
             "SELECT * FROM transitions WHERE finding_id = ? ORDER BY t, id", (finding_id,)
         )
     ]
+    out["remediations"] = remediations_of(c, finding_id)
     return out
+
+
+REMEDIATION_FIELDS = (
+    "key", "t", "finished_at", "finding_id", "rule", "subject", "code", "remedy", "entry",
+    "actor", "outcome", "reason",
+)
+
+
+def _upsert_remediation(c: sqlite3.Connection, rec: Mapping[str, Any]) -> None:
+    """The finding is the newest of its rule and subject: its transition was queued (and so
+    written) before the remedy that answers it."""
+    sets = {k: rec.get(k) for k in REMEDIATION_FIELDS if k != "finding_id"}
+    sets["detail"] = _json(rec.get("detail") or {})
+    cols = ", ".join(sets)
+    marks = ", ".join("?" * len(sets))
+    updates = ", ".join(f"{k} = excluded.{k}" for k in sets if k != "key")
+    c.execute(
+        f"INSERT INTO remediations ({cols}, finding_id) VALUES ({marks}, "  # noqa: S608
+        "(SELECT id FROM findings WHERE rule = ? AND subject = ? ORDER BY id DESC LIMIT 1)) "
+        f"ON CONFLICT(key) DO UPDATE SET {updates}",
+        (*sets.values(), rec["rule"], rec["subject"]),
+    )
+
+
+def _remediation(row: sqlite3.Row) -> dict[str, Any]:
+    out = {k: row[k] for k in row.keys() if k not in ("detail", "id")}
+    out["id"] = row["id"]
+    out.update(json.loads(row["detail"] or "{}"))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def remediations_of(c: sqlite3.Connection, finding_id: int) -> list[dict[str, Any]]:
+    """The remedies that answered one finding, oldest first ([] in a file older than the
+    audit table, which a read-only reader does not migrate)."""
+    try:
+        rows = c.execute(
+            "SELECT * FROM remediations WHERE finding_id = ? ORDER BY t, id", (finding_id,)
+        ).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    return [_remediation(r) for r in rows]
+
+
+def query_remediations(
+    c: sqlite3.Connection,
+    since: float | None = None,
+    subject: str | None = None,
+    limit: int = 500,
+) -> list[dict[str, Any]]:
+    """The audit trail, newest first."""
+    where, args = _where("1", [("t >= ?", since), ("subject = ?", subject)])
+    sql = f"SELECT * FROM remediations WHERE {where} ORDER BY t DESC, id DESC LIMIT ?"  # noqa: S608
+    return [_remediation(r) for r in c.execute(sql, (*args, limit)).fetchall()]
 
 
 def query_events(

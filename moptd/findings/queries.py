@@ -39,6 +39,13 @@ async def recorded_subjects(d: Diagnosis) -> list[str]:
     return await _on_db(d, fdb.recorded_subjects)
 
 
+async def remediations(
+    d: Diagnosis, since: float | None, subject: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """The remediation audit trail, newest first."""
+    return await _on_db(d, lambda c: fdb.query_remediations(c, since, subject, limit))
+
+
 async def findings(
     d: Diagnosis,
     *,

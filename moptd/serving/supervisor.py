@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,20 @@ class Supervisor:
         self._wake.set()
         if self._task is None or self._task.done():
             await self.start()
+
+    def amend(self, args: tuple[str, ...], env: Mapping[str, str]) -> list[str]:
+        """A remedy's changed setting (remediation restart_with), in force from the next
+        start until moptd restarts: the arguments not already in the command are added, the
+        variables set. Returns what changed, for the audit."""
+        added = [a for a in args if a not in self.spec.command]
+        changed = [f"{k}={v}" for k, v in env.items() if self.spec.env.get(k) != v]
+        if added or changed:
+            self.spec = dataclasses.replace(
+                self.spec,
+                command=(*self.spec.command, *added),
+                env={**self.spec.env, **env},
+            )
+        return added + changed
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,166 @@
+"""A real vLLM under moptd's supervisor with the daemon's diagnosis loop and remediation
+actuator over it: what tests/vllm/test_remediation_vllm.py and
+bench/remediation_recovery.py drive. The harness (tests/vllm/harness.py) starts the engine
+and feeds the store; here a collection loop runs every 2 s beside the real diagnosis loop
+(every second and on each event), and the actuator listens to it as in `moptd run`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from moptd.daemon.remediation import Remediator
+from moptd.findings.service import Diagnosis, build_diagnosis
+from moptd.remediation.policy import parse_policy
+from tests.conftest import REPO
+from tests.vllm.harness import SUBJECT, Harness, group_pids, managed
+
+STALL = "SCHEDULER_STALL"
+READY_S = 300.0
+COLLECT_EVERY = 2.0
+
+
+def stall_policy(**guards: Any) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "enabled": True,
+        "dry_run": False,
+        "min_uptime": "10s",
+        "min_interval": "1s",
+        "breaker_count": 3,
+        "breaker_window": "1h",
+        "verify_timeout": "5m",
+        "policy": [{"code": STALL, "remedy": "restart_engine"}],
+    }
+    section.update(guards)
+    return section
+
+
+class RemediationRig:
+    def __init__(self, tmp: Path, port: int, policy: dict[str, Any]) -> None:
+        options = {"managed": managed(port), "quantile_window": "2m", "scrape_timeout": 10}
+        self.port = port
+        self.h = Harness(tmp, options)
+        self.diagnosis: Diagnosis = build_diagnosis(self.h.store, tmp, [REPO / "rules"])
+        self.remediator = Remediator(
+            parse_policy(policy), self.h.managed, self.diagnosis, self.h.store
+        )
+        self._collect: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RemediationRig:
+        await self.diagnosis.start()
+        self.remediator.start()
+        await self.h.start()
+        self._collect = asyncio.create_task(self._collect_loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._collect is not None:
+            self._collect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._collect
+        await self.remediator.stop()
+        await self.h.stop()
+        await self.diagnosis.stop()
+
+    async def _collect_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.h.collect()
+            await asyncio.sleep(COLLECT_EVERY)
+
+    # --- what the tests wait for ---
+
+    async def until(self, what: str, cond: Callable[[], bool], limit: float) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < limit:
+            if cond():
+                return time.monotonic() - t0
+            await asyncio.sleep(0.5)
+        tail = "\n".join(line for _, line in self.h.supervisor.ring.tail(30))
+        pytest.fail(
+            f"{what}: not within {limit:g}s; {self.h.supervisor.status()}\n"
+            f"stall rule: {self.stall_result()}\n{tail}"
+        )
+
+    def stall_result(self) -> str:
+        """The stall rule's last result on the engine, with what each condition saw."""
+        r = self.diagnosis.rules.result("serving-scheduler-stall", SUBJECT)
+        if r is None:
+            return "not evaluated"
+        steps = [(s.node, s.value, s.seen) for s in r.steps]
+        return f"{r.status} {r.path} {steps}"
+
+    def firing(self, code: str) -> bool:
+        return any(f.code == code and f.subject == SUBJECT for f in self.diagnosis.rules.active())
+
+    def audit(self) -> list[dict[str, Any]]:
+        return list(reversed(self.diagnosis.db.remediations(subject=SUBJECT)))
+
+    def outcomes(self) -> list[str]:
+        return [r["outcome"] for r in self.audit()]
+
+    def serving(self) -> bool:
+        """Healthy and the generation probe passes: the service is back."""
+        gen = self.h.last("serving.probe_success", (("probe", "generate"),))
+        return self.h.last("serving.healthy") == 1.0 and gen == 1.0
+
+    async def ready(self) -> None:
+        await self.until("ready", self.serving, READY_S)
+        pgid = self.h.supervisor.pid
+        assert pgid is not None
+        # on a 2-core box the server's busy loops would starve this process's event loop
+        os.setpriority(os.PRIO_PGRP, pgid, 10)
+
+    async def hang(self) -> tuple[int, asyncio.Task[list[object]]]:
+        """Requests in flight, then SIGSTOP the engine core: /health stays 200. The load
+        task is returned to be cancelled; the stopped core's pid too."""
+        task = asyncio.create_task(load(self.port, 64, 480, 900))
+        await self.until(
+            "load running", lambda: (self.h.last("serving.requests_running") or 0) > 0, 120
+        )
+        pgid = self.h.supervisor.pid
+        assert pgid is not None
+        core = engine_core(pgid)
+        os.kill(core, signal.SIGSTOP)
+        assert not task.done(), "the load ended before the engine core was stopped"
+        return core, task
+
+
+async def load(port: int, n: int, max_tokens: int, deadline: float) -> list[object]:
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    timeout = aiohttp.ClientTimeout(total=deadline)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(i: int) -> object:
+            body = {
+                "model": "tinyllama",
+                "prompt": f"request {i}",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            }
+            async with session.post(url, json=body) as r:
+                return await r.json()
+
+        return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+
+
+def engine_core(pgid: int) -> int:
+    for pid, cmd in group_pids(pgid).items():
+        if cmd.startswith("VLLM::EngineCore"):
+            return pid
+    pytest.fail(f"no VLLM::EngineCore in process group {pgid}: {group_pids(pgid)}")
+
+
+async def cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
