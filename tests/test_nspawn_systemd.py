@@ -241,10 +241,15 @@ def test_managed_serving_under_systemd_survives_a_moptd_restart(machine) -> None
         "the log's version after the restart", lambda: 'version="0.32.0"' in serving_info(leader)
     )
     assert inside(leader, f"systemctl show {UNIT} -p MainPID --value").strip() == unit_pid
+    # log-based signals from lines printed before this moptd started: the finding shows from
+    # the first rule tick after the serving collector has read them (not at once)
+    wait_until(
+        "CUDA_GRAPHS_DISABLED from the log after the restart",
+        lambda: 'moptd_finding_active{code="CUDA_GRAPHS_DISABLED"' in metrics(leader),
+        timeout=30,
+    )
     text = metrics(leader)
     assert 'code="PORT_CONFLICT"' not in text
-    # log-based signals from lines printed before this moptd started
-    assert 'moptd_finding_active{code="CUDA_GRAPHS_DISABLED"' in text
     assert "moptd_serving_log_stats_age_seconds{" in text
     journal = inside(leader, "journalctl -u moptd.service -o cat --no-pager")
     assert "cannot give" not in journal
