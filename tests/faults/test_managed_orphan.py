@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from moptd.serving import orphan
 from tests.daemon_proc import DaemonProcess
@@ -198,3 +200,29 @@ def test_a_record_from_another_boot_or_unreadable_is_not_trusted(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(raw=st.binary(max_size=600))
+def test_any_proc_stat_text_parses_or_is_refused(tmp_path, raw):
+    """/proc/PID/stat from a hostile command name (spaces, parentheses, bytes): the parser
+    never raises and never reads a field from the name."""
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True, exist_ok=True)
+    (proc / "7" / "stat").write_bytes(raw)
+    fields = orphan.stat_fields(7, proc)
+    ticks = orphan.start_ticks(7, proc)
+    assert fields is None or b")" in raw
+    assert ticks is None or isinstance(ticks, int)
+
+
+def test_a_command_name_with_parentheses_does_not_shift_the_fields(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "9").mkdir(parents=True)
+    # the layout of a real /proc/PID/stat (proc(5)), with a command name built to mislead
+    rest = "S 1 9 9 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 1000 10"
+    (proc / "9" / "stat").write_text(f"9 (a) 1 2 3 (b) {rest}")
+    assert orphan.start_ticks(9, proc) == 123456
+    assert orphan.stat_fields(9, proc)[:4] == ["S", "1", "9", "9"]
