@@ -50,6 +50,7 @@ from moptd.store import SignalStore
 
 GAUGE_FUNCS = ("max", "min", "avg", "slope", "changes")
 COUNTER_FUNCS = ("increase", "rate", "changes", "max")
+RECORDING = Path(__file__).resolve().parent.parent / "tests/fixtures/h200/nvml_recording_h200.jsonl"
 SIGNALS = {
     scope: sorted(
         (s.name, s.kind)
@@ -213,6 +214,12 @@ def daemon(
         "exporter": {"listen": f"127.0.0.1:{port}"},
         "api": {"socket": str(tmp / "api.sock")},
         "rules": {"paths": [str(default_rules_dir()), str(rules_d)]},
+        # 8 GPUs from the recorded H200 backend, so the GPU rules have their subjects
+        "collectors": {
+            "nvml": {"interval": "1s", "backend": "recorded", "recording": str(RECORDING),
+                     "replicate": 8},
+            "host": {"interval": "1s"},
+        },
     }
     (tmp / "moptd.yaml").write_text(json.dumps(config))
     log = (tmp / "moptd.log").open("wb")
@@ -251,8 +258,11 @@ def daemon(
         (float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
          if ln.startswith("moptd_rules_loaded")), None,
     )
+    gpus = sum(1 for ln in text.splitlines() if ln.startswith("moptd_gpu_temperature"))
     return {
         "rules_added": n_rules,
+        "fill": fill,
+        "gpus_in_metrics": gpus,
         "tree": str(tree),
         "rules_loaded": rules_loaded,
         "rss_mib_first": round(rss[0], 1),
@@ -269,6 +279,8 @@ def daemon(
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rules", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    ap.add_argument("--shipped-too", action="store_true",
+                    help="with --fill: run the shipped set alone first, then the filled one")
     ap.add_argument("--ticks", type=int, default=60)
     ap.add_argument("--history", type=int, default=3600)
     ap.add_argument("--daemon", action="store_true")
@@ -282,11 +294,14 @@ def main() -> int:
     )
     args = ap.parse_args()
     results = []
-    for n in [0] if args.fill else args.rules:
+    runs = [(n, False) for n in args.rules] if not args.fill else [(0, True)]
+    if args.fill and args.shipped_too:
+        runs = [(0, False), (0, True)]
+    for n, fill in runs:
         if args.daemon:
-            r = daemon(n, args.seconds, args.tree, args.scrapes_per_s, args.fill)
+            r = daemon(n, args.seconds, args.tree, args.scrapes_per_s, fill)
         else:
-            r = in_process(n, args.ticks, args.history, args.fill)
+            r = in_process(n, args.ticks, args.history, fill)
         print(json.dumps(r), flush=True)
         results.append(r)
     if args.out:

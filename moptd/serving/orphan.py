@@ -3,15 +3,15 @@ moptd killed outside systemd is found and stopped before another is started.
 
 Two parts. In the child, before exec, ``PR_SET_PDEATHSIG`` asks the kernel to SIGKILL the
 server when the thread that started it ends (the event loop's thread, which lives as long
-as moptd). Workers the server forks are not covered by it, and a SIGKILL of moptd between
-fork and prctl escapes it, so the supervisor also writes a record of the process it started
-(pid, start time in clock ticks since boot from ``/proc/PID/stat`` field 22, process group,
-boot id) in its state directory. A restarted moptd reads it first: when the recorded
-process still runs with the recorded start time in this boot, or, the leader gone, members
-of its group still run, the whole group is stopped (SIGTERM, then SIGKILL after the grace)
-before anything starts. A pid that merely came round again has another start time and is
-never signalled. A group that cannot be stopped (EPERM, a process stuck in D state) is
-reported, and nothing is started beside it.
+as moptd; a parent gone before the prctl took effect is caught by the child itself).
+Workers the server forks are not covered by it, so the supervisor also writes a record of
+the process it started (pid, start time in clock ticks since boot from ``/proc/PID/stat``
+field 22, process group, boot id) in its state directory. A restarted moptd reads it
+first: when the recorded process still runs with the recorded start time in this boot,
+or, the leader gone, members of its group still run, the whole group is stopped (SIGTERM,
+then SIGKILL after the grace) before anything starts. A pid that merely came round again
+has another start time and is never signalled. A group that cannot be stopped (EPERM, a
+process stuck in D state) is reported, and nothing is started beside it.
 
 Linux keeps a process-group number allocated while any member lives, so members of the
 recorded group that started no earlier than the recorded leader are the leader's group.
