@@ -121,22 +121,46 @@ def salvage(old_path: Path, new: sqlite3.Connection) -> Salvage:
                 f"INSERT INTO {table} ({', '.join(cols)}) "  # noqa: S608
                 f"VALUES ({', '.join('?' * len(cols))})"
             )
-            copied = 0
-            new.execute("BEGIN")
-            for row in _rows(old, table, cols, out):
-                try:
-                    new.execute(insert, row)
-                    copied += 1
-                except sqlite3.Error:
-                    out.skipped[table] = out.skipped.get(table, 0) + 1
-            new.execute("COMMIT")
-            out.copied[table] = copied
+            out.copied[table] = _copy_table(old, new, table, cols, insert, out)
         whole = not out.skipped.get("findings") and not out.skipped.get("events")
         if whole:
             out.positions_kept = _copy_positions(old, new)
     finally:
         old.close()
     return out
+
+
+def _copy_table(
+    old: sqlite3.Connection,
+    new: sqlite3.Connection,
+    table: str,
+    cols: list[str],
+    insert: str,
+    out: Salvage,
+) -> int:
+    """One transaction per table; a new file that refuses the commit (a full disk) keeps
+    nothing of the table, and the database opens all the same."""
+    copied = 0
+    try:
+        new.execute("BEGIN")
+        for row in _rows(old, table, cols, out):
+            try:
+                new.execute(insert, row)
+                copied += 1
+            except sqlite3.OperationalError:
+                raise  # the new file itself (full, read-only): not this row's fault
+            except (sqlite3.Error, OverflowError):
+                # a damaged row: a NULL where none may be, a dangling finding id, a value
+                # SQLite cannot bind
+                out.skipped[table] = out.skipped.get(table, 0) + 1
+        new.execute("COMMIT")
+    except sqlite3.Error as exc:
+        log.warning("salvaging %s: %s", table, exc)
+        if new.in_transaction:
+            new.execute("ROLLBACK")
+        out.skipped[table] = out.skipped.get(table, 0) + copied + 1
+        return 0
+    return copied
 
 
 def _copy_positions(old: sqlite3.Connection, new: sqlite3.Connection) -> bool:

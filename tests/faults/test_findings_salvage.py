@@ -157,3 +157,17 @@ def test_every_page_overwritten_in_turn_never_raises(tmp_path):
         assert copied == out.copied.get("events", 0)
         assert copied <= EVENTS
         new.close()
+
+
+def test_a_new_file_that_refuses_writes_gets_nothing_and_nothing_raises(tmp_path):
+    path = written_db(tmp_path / "state")
+    overwrite_page(path, event_leaf_pages(path)[1])
+    target = tmp_path / "new.db"
+    with FindingsDB(target):
+        pass  # a migrated, empty database
+    new = sqlite3.connect(f"file:{target}?mode=ro", uri=True, isolation_level=None)
+    out = salvage(path, new)
+    assert out.copied == {"findings": 0, "transitions": 0, "events": 0}
+    assert out.skipped["findings"] >= 1
+    assert not out.positions_kept
+    new.close()
