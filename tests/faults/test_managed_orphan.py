@@ -74,8 +74,10 @@ def http_server_spec(tmp: Path, forked: bool) -> dict[str, Any]:
         str(port),
     ]
     if forked:
-        # the leader forks the server and waits: the parent-death signal reaches the leader only
-        spec["command"] = ["/bin/sh", "-c", '"$@" & wait', "sh", *serve]
+        # the leader forks the server and waits: the parent-death signal reaches the leader
+        # only. The server's output goes elsewhere than moptd's pipe, or its first log line
+        # after moptd died would end it with EPIPE before the restart could find it.
+        spec["command"] = ["/bin/sh", "-c", '"$@" >/dev/null 2>&1 & wait', "sh", *serve]
     else:
         spec["command"] = serve
     return spec
@@ -226,3 +228,25 @@ def test_a_command_name_with_parentheses_does_not_shift_the_fields(tmp_path):
     (proc / "9" / "stat").write_text(f"9 (a) 1 2 3 (b) {rest}")
     assert orphan.start_ticks(9, proc) == 123456
     assert orphan.stat_fields(9, proc)[:4] == ["S", "1", "9", "9"]
+
+
+def test_an_orphan_that_cannot_be_signalled_refuses_the_start(tmp_path, monkeypatch):
+    """EPERM (an orphan another user's moptd left, a hardened kernel): the start is refused
+    as a PORT_CONFLICT gate naming the pid, and the record stays for the next try."""
+    leader = own_group_sleeper()
+    try:
+        assert orphan.write_record(tmp_path, leader.pid) is not None
+
+        def refused(_pgid: int, _sig: int) -> None:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(orphan.os, "killpg", refused)
+        (gate,) = orphan.orphan_gate(tmp_path, grace=0.5)
+        assert (gate.check, gate.ok, gate.code) == ("orphan", False, "PORT_CONFLICT")
+        assert f"pid {leader.pid}" in gate.reason
+        assert "cannot be stopped" in gate.reason
+        assert leader.poll() is None
+        assert (tmp_path / orphan.RECORD_NAME).exists()
+    finally:
+        leader.kill()
+        leader.wait()
