@@ -23,6 +23,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,11 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+KEYS = ("rss_mib_at_10s", "rss_mib_last", "metrics_p50_ms", "metrics_p99_ms",
+        "metrics_p99_after_10s_ms", "metrics_max_ms", "daemon_cpu_seconds",
+        "daemon_gc_seconds", "series_dropped_total")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=150.0)
@@ -103,8 +109,37 @@ def main() -> int:
     ap.add_argument("--interval", default="500ms", help="the serving collector's interval")
     ap.add_argument("--scrapes-per-s", type=int, default=5)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--other", type=Path,
+                    help="another tree (a git archive) run alternately with this one")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each tree (with --other)")
     args = ap.parse_args()
+    if args.other is None:
+        result = run_once(REPO, args)
+        print(json.dumps(result, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+        return 0
+    runs: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
+    for i in range(args.rounds):
+        # alternate the order each round, so neither tree always runs on a warmer machine
+        order = [("this", REPO), ("other", args.other)]
+        for side, tree in order if i % 2 == 0 else order[::-1]:
+            r = run_once(tree, args)
+            runs[side].append(r)
+            print(side, json.dumps({k: r.get(k) for k in KEYS}), flush=True)
+    med = {side: {k: statistics.median(float(r[k] or 0.0) for r in rs) for k in KEYS}
+           for side, rs in runs.items()}
+    ratio = {k: round(med["this"][k] / med["other"][k], 3) if med["other"][k] else None
+             for k in KEYS}
+    summary = {"median_this": med["this"], "median_other": med["other"],
+               "ratio_this_over_other": ratio, "other": str(args.other), "runs": runs}
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
 
+
+def run_once(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(args.rotating)
     tmp = Path(tempfile.mkdtemp(prefix="moptd-hostile-"))
     port = free_port()
@@ -126,7 +161,8 @@ def main() -> int:
     log = (tmp / "moptd.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "moptd", "run", "--config", str(tmp / "moptd.yaml")],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
@@ -181,10 +217,10 @@ def main() -> int:
         proc.terminate()
         proc.wait(20)
         log.close()
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    result["tree"] = str(tree)
+    return result
+
+
 
 
 if __name__ == "__main__":

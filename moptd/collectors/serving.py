@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class _EndpointState:
     generate: ProbeResult | None = None
     generate_task: asyncio.Task[ProbeResult] | None = None
     generate_at: float = 0.0
+    # a scrape whose collect() timed out may still be mapping its page in the thread
+    reading: threading.Lock = field(default_factory=threading.Lock)
 
 
 class ManagedView(Protocol):
@@ -274,7 +277,7 @@ class ServingCollector(Collector):
         s = f"serving:{ep.name}"
         st = self._state.setdefault(ep.name, _EndpointState())
         assert self._session is not None
-        view, error, seconds, over_limit = await self._scrape(ep)
+        view, filled, error, seconds, over_limit = await self._scrape(ep, s, st, now)
         if view is None:
             st.failures += 1
         st.over_limit += over_limit
@@ -283,9 +286,7 @@ class ServingCollector(Collector):
         b.add("serving.scrape_failures", s, float(st.failures))
         b.add("serving.scrapes_over_limit", s, float(st.over_limit))
         b.describe(s, endpoint=ep.url, engine=ep.engine, scrape_error=error)
-        if view is not None:
-            add_running_totals(ep.engine, view, st.running_totals)
-            self._fill(b, s, st, view, now)
+        b.extend(filled)
         await self._probes(b, s, ep, st, now)
         mv = self.managed_view
         version = mv.version if mv is not None and mv.subject == s else ""
@@ -297,9 +298,11 @@ class ServingCollector(Collector):
         )
         return b
 
-    async def _scrape(self, ep: Endpoint) -> tuple[EngineView | None, str, float, bool]:
-        """The page's view, or None with the error; the seconds it took; whether a scrape
-        limit refused it."""
+    async def _scrape(
+        self, ep: Endpoint, s: str, st: _EndpointState, now: float
+    ) -> tuple[EngineView | None, Batch, str, float, bool]:
+        """The page's view and its samples, or None with the error; the seconds it took;
+        whether a scrape limit refused it."""
         assert self._session is not None
         t0 = time.monotonic()
         limit = float(self.option("scrape_timeout"))
@@ -318,13 +321,25 @@ class ServingCollector(Collector):
                 # broken server or proxy, not a page that happens to say nothing.
                 raise FetchError(f"{ep.url}{ep.metrics_path}: empty body")
             # A valid page near the size cap takes a second to parse: off the event loop,
-            # so the daemon's own /metrics and API answer meanwhile.
-            view = await asyncio.to_thread(_engine_view, ep, r.body, self._limits)
+            # so the daemon's own /metrics and API answer meanwhile; and so is the mapping
+            # onto samples (a hostile page's thousand lines cost a millisecond there too).
+            # One endpoint's state is only touched by its own scrape, one at a time.
+            view, filled = await asyncio.to_thread(self._read, ep, r.body, s, st, now)
         except (FetchError, PromParseError, ValueError) as exc:
             # UnicodeDecodeError and JSON errors are ValueErrors too
             over = isinstance(exc, PromLimitError)
-            return None, str(exc)[:300], time.monotonic() - t0, over
-        return view, "", time.monotonic() - t0, False
+            return None, Batch(), str(exc)[:300], time.monotonic() - t0, over
+        return view, filled, "", time.monotonic() - t0, False
+
+    def _read(
+        self, ep: Endpoint, body: bytes, s: str, st: _EndpointState, now: float
+    ) -> tuple[EngineView, Batch]:
+        view = _engine_view(ep, body, self._limits)
+        filled = Batch()
+        with st.reading:
+            add_running_totals(ep.engine, view, st.running_totals)
+            self._fill(filled, s, st, view, now)
+        return view, filled
 
     def _fill(self, b: Batch, s: str, st: _EndpointState, view: EngineView, now: float) -> None:
         if view.model:

@@ -24,6 +24,7 @@ from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
 from moptd.daemon.auth import ApiAuth, load_token
 from moptd.daemon.exporter import MetricsEndpoint
+from moptd.daemon.heap import freeze_start_up_heap
 from moptd.daemon.http import CAP, CappedSite, capped_app, make_runner
 from moptd.daemon.managed import ManagedProcess, managed_process
 from moptd.daemon.remediation import Remediator
@@ -212,6 +213,7 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(30):
                     await self.runtime.first_pass.wait()
+            freeze_start_up_heap()
             sdnotify.notify("READY=1\nSTATUS=collecting")
             log.info("moptd running: %d collectors", len(self.runtime.collectors))
             await self._stop.wait()

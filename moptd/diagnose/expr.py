@@ -32,6 +32,7 @@ Compiled = Callable[["Env"], object]
 CONSTANTS: dict[str, float] = {name.upper(): float(bit) for bit, name in CLOCK_EVENT_REASONS}
 
 WINDOW_FUNCS = ("avg", "min", "max", "increase", "rate", "slope", "changes")
+WINDOWED = frozenset({*WINDOW_FUNCS, "quantile", "count"})  # calls that read a window
 SUMMED = frozenset({"increase", "rate", "changes"})  # summed over label sets, else max
 FUNCTIONS = (
     "last",
@@ -154,6 +155,9 @@ class Expr:
     fn: Compiled
     signals: frozenset[str] = frozenset()
     macros: frozenset[str] = frozenset()
+    # the windowed reads it makes, macros expanded, as written ("max(gpu.power, 1h)"): what
+    # a tick pays for per subject (the loader bounds their number in a rule set)
+    reads: frozenset[str] = frozenset()
 
     def __call__(self, env: Env) -> object:
         return self.fn(env)
@@ -297,8 +301,14 @@ class Compiler:
         state.depth = max(state.depth_of.values())
         _check_nodes(state.nodes)
         fn = self._node(tree.body, state)
-        expr = Expr(text.strip(), fn, frozenset(state.signals), frozenset(state.macros))
-        return expr, Cost(state.nodes, state.depth)
+        state.reads.update(
+            state.label(n)
+            for n in state.depth_of
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in WINDOWED
+        )
+        reads = frozenset(state.reads)
+        expr = Expr(text.strip(), fn, frozenset(state.signals), frozenset(state.macros), reads)
+        return expr, Cost(state.nodes, state.depth, reads)
 
     # Each _node call returns a closure; the checks happen here, once.
     def _node(self, node: ast.expr, st: _State) -> Compiled:
@@ -452,6 +462,7 @@ class Compiler:
             raise _TooDeep([*self._stack, name])
         st.depth = max(st.depth, at - self._depth + cost.depth)
         st.nodes += cost.nodes - 1  # the name itself was counted
+        st.reads.update(cost.reads)
         _check_nodes(st.nodes)
         return expr
 
@@ -944,6 +955,7 @@ class Cost:
 
     nodes: int
     depth: int
+    reads: frozenset[str] = frozenset()
 
 
 class _TooDeep(ExprError):
@@ -1005,6 +1017,7 @@ class _State:
     depth_of: dict[ast.expr, int] = field(default_factory=dict)  # below the text's root
     nodes: int = 0  # after macro expansion so far
     depth: int = 0  # likewise, the root being 1
+    reads: set[str] = field(default_factory=set)  # windowed reads, macros expanded
 
     def label(self, node: ast.AST) -> str:
         seg = ast.get_source_segment(self.src, node) or ast.unparse(node)

@@ -25,6 +25,7 @@ from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.diagnose.expr import Compiler, Expr, ExprError
 from moptd.diagnose.links import JOINS
 from moptd.diagnose.model import Action, Branch, Link, Rule, RuleSet, Verdict
+from moptd.diagnose.rule_cost import bound_reads
 from moptd.durations import parse_duration
 from moptd.safefs import kind_of
 
@@ -267,6 +268,8 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
         errors.extend(errs)
         if rule is not None:
             rules.append(rule)
+    rules, costly = bound_reads(rules)
+    errors.extend(RuleError(r.file, r.line, why) for r, why in costly)
     links: list[Link] = []
     for src, lk in raw_links.values():
         link, errs = _build_link(src.file, lk, compilers)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from moptd import safefs
+from moptd.findings.salvage import salvage
 from moptd.kernel.kmsg import POSITION_FIELD
 from moptd.observations import Event
 
@@ -348,8 +349,14 @@ class FindingsDB:
                 moved = self._quarantine(self.path, str(exc))
                 try:
                     self._conn = self._open_file(self.path)
+                    saved = salvage(Path(moved), self._conn).summary()
+                    self.health.reason += f"; {saved}"
                     log.error(
-                        "findings database %s was corrupt (%s); moved to %s", self.path, exc, moved
+                        "findings database %s was corrupt (%s); moved to %s; %s",
+                        self.path,
+                        exc,
+                        moved,
+                        saved,
                     )
                     return
                 except (sqlite3.Error, OSError) as exc2:

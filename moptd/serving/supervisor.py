@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from moptd.observations import Batch, Event
+from moptd.serving import orphan
 from moptd.serving.gates import GateResult, refusal_events
 from moptd.serving.logparse import LogState
 from moptd.serving.logring import LineSplitter, LogRing
@@ -60,6 +61,7 @@ class Supervisor:
         self.ring = LogRing(spec.log_lines)
         self.log_state = LogState()
         self.log_path = spec.log_file or (log_dir / "log.txt" if log_dir else None)
+        self._record_dir = log_dir  # where the record of the started process is kept
         self.state = "stopped"  # stopped|gated|starting|running|backoff|crash_loop|stopping
         self.reason = ""
         self.pid: int | None = None
@@ -140,7 +142,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             self.state = "starting"
-            results = await loop.run_in_executor(self._executor, self.gates, self.spec)
+            results = await loop.run_in_executor(self._executor, self._checks)
             self.last_gates = results
             failed = [g for g in results if not g.ok]
             if failed:
@@ -175,6 +177,11 @@ class Supervisor:
                 return
             if not await self._after_failure():
                 return
+
+    def _checks(self) -> list[GateResult]:
+        # an orphan an earlier moptd left is stopped first (or refuses the start)
+        refused = orphan.orphan_gate(self._record_dir, self.spec.stop_grace)
+        return refused or self.gates(self.spec)
 
     def stopping(self) -> bool:
         return self._stopping
@@ -224,9 +231,14 @@ class Supervisor:
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             start_new_session=True,  # its own process group: stop reaches every child
+            preexec_fn=orphan.die_with_parent(),  # no server outlives a SIGKILLed moptd
             **kwargs,
         )
         self.pid = self._proc.pid
+        if self._record_dir is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, orphan.write_record, self._record_dir, self.pid
+            )
         self.started_at = time.time()
         self.log_state = LogState()
         self.state = "running"
@@ -247,6 +259,10 @@ class Supervisor:
         self._lines(splitter.flush())
         rc = await proc.wait()
         self._kill_group(signal.SIGKILL)  # children left behind by a dead leader
+        if self._record_dir is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, orphan.clear_record, self._record_dir
+            )
         expected = self._stopping or self._restart_requested
         self._restart_requested = False
         sig = -rc if rc < 0 else None
