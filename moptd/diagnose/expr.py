@@ -138,9 +138,9 @@ class Stamp:
     def holds(self, store: SignalStore, now: float) -> bool:
         if now > self.until:
             return False
-        gen = store.generation
+        gens = store.generations
         for name, g in self.series.items():
-            if gen(name) != g:
+            if gens.get(name, 0) != g:
                 return False
         appended = store.stream_appended
         for name, g in self.streams.items():
@@ -722,7 +722,7 @@ class Compiler:
                 env.reads.append((run, result))
             stamp = env.stamp
             if stamp is not None:
-                stamp.series[name] = env.store.generation(name)
+                stamp.series[name] = env.store.generations.get(name, 0)
                 if until < stamp.until:
                     stamp.until = until
             return result

@@ -133,7 +133,8 @@ class SignalStore:
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
         # signal -> bumped whenever what a point read of it returns may change: a new
         # value, a new or departed series, a text value (moptd.diagnose.expr.Stamp)
-        self._generation: dict[str, int] = {}
+        # Read it directly on a hot path (never write it): generation() is the same.
+        self.generations: dict[str, int] = {}
         # Called with each group of events as it is added (the findings database keeps
         # every kernel/NVML event); a callback must be quick and must not raise.
         self.event_listeners: list[Callable[[list[Event]], None]] = []
@@ -207,7 +208,7 @@ class SignalStore:
         return True
 
     def _bump(self, signal: str) -> None:
-        self._generation[signal] = self._generation.get(signal, 0) + 1
+        self.generations[signal] = self.generations.get(signal, 0) + 1
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
@@ -312,7 +313,7 @@ class SignalStore:
 
     def generation(self, signal: str) -> int:
         """Changes whenever a point read of the signal may return something else."""
-        return self._generation.get(signal, 0)
+        return self.generations.get(signal, 0)
 
     def stream_appended(self, stream: str) -> int:
         """Events ever appended to a stream (0 for one never written)."""
