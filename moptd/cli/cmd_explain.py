@@ -227,8 +227,9 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
 def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     """The live engine over a bundle or pasted files; "now" is the last time step."""
     from moptd.bundle import BundleError
-    from moptd.bundle.intake import read_inputs, unusable
+    from moptd.bundle.intake import read_inputs
     from moptd.cli.bundle_guard import check_bundle
+    from moptd.cli.cmd_replay import report_unusable
     from moptd.cli.render_findings import read_lines
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
@@ -242,10 +243,7 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     except (BundleError, ValueError) as exc:
         print(f"moptd explain: {exc}", file=sys.stderr)
         return None
-    bad = unusable(report.read)
-    for entry in bad:
-        where = entry.get("at") or entry["input"]
-        print(f"moptd explain: {where}: not used: {entry['reason']}", file=sys.stderr)
+    bad = report_unusable(report.read, "moptd explain")
     shown = " + ".join(inputs)
     used, unused = read_lines(report.read)
     notes = [f"Bundle {shown}: {report.steps} time steps replayed."]
@@ -280,7 +278,7 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
         "source": "bundle",
         "notes": notes,
         "read": report.read,
-        "unusable": bool(bad),
+        "unusable": bad,
         "findings": findings,
         "time": span[1] if span else time.time(),
         "gpus": bundle_gpus(tl),

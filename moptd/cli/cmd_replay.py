@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         return cmd_diff(args)
     from moptd.bundle import BundleError
-    from moptd.bundle.intake import read_inputs, unusable
+    from moptd.bundle.intake import read_inputs
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
     from moptd.cli.replay_progress import TerminalProgress
     from moptd.diagnose.loader import default_rules_dir, load_rules
@@ -104,11 +105,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     finally:
         progress.finish()
-    bad = unusable(report.read)
-    for entry in bad:
-        where = entry.get("at") or entry["input"]
-        print(f"moptd replay: {where}: not used: {entry['reason']}", file=sys.stderr)
-    code = exit_status(report.findings, bool(bad))
+    bad = report_unusable(report.read, "moptd replay")
+    code = exit_status(report.findings, bad)
     versions: Any = report.meta.get("versions")
     if args.json:
         json.dump({**report.to_json(), "versions": versions}, sys.stdout, indent=1, sort_keys=False)
@@ -120,6 +118,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     render_replay(report, verbose=args.verbose)
     print("versions: " + (cuda_line(versions) if versions is not None else "not recorded"))
     return code
+
+
+def report_unusable(read: Sequence[dict[str, object]], prog: str) -> bool:
+    """Name on stderr each input that could not be used (moptd.bundle.intake.unusable);
+    True when there was one: the command then exits 3."""
+    from moptd.bundle.intake import unusable
+
+    bad = unusable(read)
+    for entry in bad:
+        where = entry.get("at") or entry["input"]
+        print(f"{prog}: {where}: not used: {entry['reason']}", file=sys.stderr)
+    return bool(bad)
 
 
 def exit_status(findings: list[dict[str, object]], input_unusable: bool) -> int:

@@ -22,8 +22,9 @@ EXIT_BAD_INPUT = 3
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from moptd.bundle import BundleError
-    from moptd.bundle.intake import read_inputs, unusable
+    from moptd.bundle.intake import read_inputs
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
+    from moptd.cli.cmd_replay import report_unusable
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
 
@@ -44,11 +45,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         except (BundleError, BundleRefused) as e:
             print(f"moptd replay --diff: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        bad = unusable(report.read)
-        for entry in bad:
-            where = entry.get("at") or entry["input"]
-            print(f"moptd replay --diff: {where}: not used: {entry['reason']}", file=sys.stderr)
-        if bad:
+        if report_unusable(report.read, "moptd replay --diff"):
             return EXIT_BAD_INPUT
         reports.append(report)
     out = diff_reports(args.inputs[0], reports[0], args.inputs[1], reports[1])
