@@ -7,12 +7,14 @@ they are absent, and fail instead when MOPTD_REQUIRE_VLLM=1 (CI).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from moptd.collector import CollectorContext
@@ -157,3 +159,36 @@ def group_pids(pgid: int) -> dict[int, str]:
         if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
             out[int(entry.name)] = cmd.strip()
     return out
+
+
+async def load(
+    port: int,
+    n: int,
+    max_tokens: int,
+    deadline: float,
+    prompt: str = "request {i}: the quick brown fox",
+) -> list[object]:
+    """n concurrent completions, bounded by deadline seconds; results or exceptions."""
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    timeout = aiohttp.ClientTimeout(total=deadline)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(i: int) -> object:
+            body = {
+                "model": "tinyllama",
+                "prompt": prompt.format(i=i),
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            }
+            async with session.post(url, json=body) as r:
+                return await r.json()
+
+        return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+
+
+def engine_core(pgid: int) -> int:
+    """The pid of vLLM's engine core process in the managed server's process group."""
+    for pid, cmd in group_pids(pgid).items():
+        if cmd.startswith("VLLM::EngineCore"):
+            return pid
+    pytest.fail(f"no VLLM::EngineCore in process group {pgid}: {group_pids(pgid)}")

@@ -15,14 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from moptd.daemon.remediation import Remediator
 from moptd.findings.service import Diagnosis, build_diagnosis
 from moptd.remediation.policy import parse_policy
 from tests.conftest import REPO
-from tests.vllm.harness import SUBJECT, Harness, group_pids, managed
+from tests.vllm.harness import SUBJECT, Harness, engine_core, load, managed
 
 STALL = "SCHEDULER_STALL"
 READY_S = 300.0
@@ -123,7 +122,7 @@ class RemediationRig:
     async def hang(self) -> tuple[int, asyncio.Task[list[object]]]:
         """Requests in flight, then SIGSTOP the engine core: /health stays 200. The load
         task is returned to be cancelled; the stopped core's pid too."""
-        task = asyncio.create_task(load(self.port, 64, 480, 900))
+        task = asyncio.create_task(load(self.port, 64, 480, 900, prompt="request {i}"))
         await self.until(
             "load running", lambda: (self.h.last("serving.requests_running") or 0) > 0, 120
         )
@@ -133,31 +132,6 @@ class RemediationRig:
         os.kill(core, signal.SIGSTOP)
         assert not task.done(), "the load ended before the engine core was stopped"
         return core, task
-
-
-async def load(port: int, n: int, max_tokens: int, deadline: float) -> list[object]:
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    timeout = aiohttp.ClientTimeout(total=deadline)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-
-        async def one(i: int) -> object:
-            body = {
-                "model": "tinyllama",
-                "prompt": f"request {i}",
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-            }
-            async with session.post(url, json=body) as r:
-                return await r.json()
-
-        return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
-
-
-def engine_core(pgid: int) -> int:
-    for pid, cmd in group_pids(pgid).items():
-        if cmd.startswith("VLLM::EngineCore"):
-            return pid
-    pytest.fail(f"no VLLM::EngineCore in process group {pgid}: {group_pids(pgid)}")
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:

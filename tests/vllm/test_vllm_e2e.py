@@ -15,10 +15,19 @@ import socket
 import time
 from pathlib import Path
 
-import aiohttp
 import pytest
 
-from tests.vllm.harness import MODEL, SUBJECT, Harness, free_port, group_pids, managed, require_vllm
+from tests.vllm.harness import (
+    MODEL,
+    SUBJECT,
+    Harness,
+    engine_core,
+    free_port,
+    group_pids,
+    load,
+    managed,
+    require_vllm,
+)
 
 # Generous limits: on a 2-core CI box the server shares the CPU with the rest of the suite.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -39,25 +48,6 @@ async def wait_for(h: Harness, what: str, cond, limit: float, every: float = 2.0
     pytest.fail(f"{what}: not within {limit:g}s; supervisor {state}\n{tail}")
 
 
-async def load(port: int, n: int, max_tokens: int, deadline: float) -> list[object]:
-    """n concurrent completions, bounded by deadline seconds; results or exceptions."""
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    timeout = aiohttp.ClientTimeout(total=deadline)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-
-        async def one(i: int) -> object:
-            body = {
-                "model": "tinyllama",
-                "prompt": f"request {i}: the quick brown fox",
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-            }
-            async with session.post(url, json=body) as r:
-                return await r.json()
-
-        return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
-
-
 async def group_gone(pgid: int, limit: float = 10.0) -> bool:
     """Killed processes take a moment to leave /proc."""
     t0 = time.monotonic()
@@ -66,13 +56,6 @@ async def group_gone(pgid: int, limit: float = 10.0) -> bool:
             return False
         await asyncio.sleep(0.1)
     return True
-
-
-def engine_core(pgid: int) -> int:
-    for pid, cmd in group_pids(pgid).items():
-        if cmd.startswith("VLLM::EngineCore"):
-            return pid
-    pytest.fail(f"no VLLM::EngineCore in process group {pgid}: {group_pids(pgid)}")
 
 
 async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> None:
