@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,19 +120,36 @@ class RemediationRig:
         # on a 2-core box the server's busy loops would starve this process's event loop
         os.setpriority(os.PRIO_PGRP, pgid, 10)
 
+    def running_since(self, t: float) -> bool:
+        """A scrape taken at or after `t` saw requests running (a value read before the
+        load began, e.g. from the generation probe's own request, does not count)."""
+        series = self.h.store.series("serving.requests_running", SUBJECT)
+        return (
+            series is not None
+            and series.last_seen >= t
+            and (self.h.last("serving.requests_running") or 0) > 0
+        )
+
     async def hang(self) -> tuple[int, asyncio.Task[list[object]]]:
         """Requests in flight, then SIGSTOP the engine core: /health stays 200. The load
-        task is returned to be cancelled; the stopped core's pid too."""
-        task = asyncio.create_task(load(self.port, 64, 480, 900, prompt="request {i}"))
-        await self.until(
-            "load running", lambda: (self.h.last("serving.requests_running") or 0) > 0, 120
-        )
+        task is returned to be cancelled; the stopped core's pid too. The load is far more
+        than the engine finishes in the time this takes (it is cancelled, never awaited);
+        if it did end first, what it got is reported, and it is tried again."""
         pgid = self.h.supervisor.pid
         assert pgid is not None
         core = engine_core(pgid)
-        os.kill(core, signal.SIGSTOP)
-        assert not task.done(), "the load ended before the engine core was stopped"
-        return core, task
+        ended: list[str] = []
+        for _ in range(3):
+            started = time.time()
+            task = asyncio.create_task(load(self.port, 512, 480, 1800, prompt="request {i}"))
+            await self.until("load running", lambda t=started: self.running_since(t), 120)
+            os.kill(core, signal.SIGSTOP)
+            if not task.done():
+                return core, task
+            os.kill(core, signal.SIGCONT)
+            got = Counter(type(r).__name__ for r in task.result())
+            ended.append(f"after {time.time() - started:.1f}s: {dict(got)}")
+        pytest.fail(f"the load ended before the engine core was stopped, 3 times: {ended}")
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:
