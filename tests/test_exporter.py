@@ -91,6 +91,31 @@ def test_promtool_accepts_the_eight_gpu_exposition(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_series_named_twice_is_written_once_with_the_later_value(tmp_path):
+    """A managed vLLM's KV capacity comes from its page (cache_config_info) and its log
+    ("GPU KV cache size") in one serving batch: the exposition must not repeat the series
+    (Prometheus drops a scrape's repeats with a warning; promtool rejects them)."""
+    store = SignalStore(VirtualClock(0))
+    b = Batch()
+    b.add("serving.kv_cache_capacity_tokens", "serving:tiny", 1920.0)
+    b.add("serving.requests_running", "serving:tiny", 3.0)
+    b.add("serving.kv_cache_capacity_tokens", "serving:tiny", 2048.0)
+    store.ingest("serving", b)
+    other = Batch([Sample("serving.kv_cache_capacity_tokens", "serving:tiny", 4096.0)])
+    store.ingest("serving-log", other)
+    text = TextRenderer().render(store.snapshot())
+    assert text == reference(store)
+    lines = [ln for ln in text.decode().splitlines()
+             if ln.startswith("moptd_serving_kv_cache_capacity_tokens{")]
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(" 4096.0")  # the later source, as the store's series holds
+    assert store.latest("serving.kv_cache_capacity_tokens", "serving:tiny") == 4096.0
+    promtool = require_tool("promtool")
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          timeout=30)
+    assert b"duplicate" not in proc.stdout + proc.stderr
+
+
 # --- the first scrape, and gzip ----------------------------------------------------------
 
 

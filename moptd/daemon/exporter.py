@@ -66,6 +66,11 @@ def render_families(snapshot: Snapshot, catalog: Catalog = CATALOG) -> list[Metr
     families: dict[str, Metric] = {}
     label_names: dict[str, list[str]] = {}
     histograms: dict[str, dict[tuple[str, ...], _HistogramSeries]] = {}
+    # A series is written once (the exposition format allows no repeat, and Prometheus
+    # drops the repeats of a scrape with a warning): where two samples name the same series
+    # (a managed engine's KV capacity from its page and from its log), the later one counts,
+    # as it does in the store's series; it keeps the place of the first.
+    values_of: dict[str, dict[tuple[str, ...], float]] = {}
     for sample in snapshot.samples:
         spec = catalog.get(sample.signal)
         if spec is None or spec.metric is None or sample.value is None:
@@ -85,8 +90,13 @@ def render_families(snapshot: Snapshot, catalog: Catalog = CATALOG) -> list[Metr
                 tuple(values), _HistogramSeries()
             )
             series.add(sample.labels, sample.value)
-        elif isinstance(fam, GaugeMetricFamily | CounterMetricFamily):
-            fam.add_metric(values, sample.value)
+        else:
+            values_of.setdefault(spec.metric, {})[tuple(values)] = sample.value
+    for metric, series_values in values_of.items():
+        fam = families[metric]
+        assert isinstance(fam, GaugeMetricFamily | CounterMetricFamily)
+        for values_key, value in series_values.items():
+            fam.add_metric(list(values_key), value)
     for metric, by_series in histograms.items():
         hist = families[metric]
         assert isinstance(hist, HistogramMetricFamily)
@@ -109,7 +119,7 @@ class _HistogramSeries:
     __slots__ = ("buckets", "sum")
 
     def __init__(self) -> None:
-        self.buckets: list[tuple[str, float]] = []
+        self.buckets: dict[str, float] = {}  # le -> value; a repeated bucket: the later
         self.sum: float | None = None
 
     def add(self, labels: Labels, value: float) -> None:
@@ -118,11 +128,11 @@ class _HistogramSeries:
             return
         le = next((v for k, v in labels if k == BUCKET_LABEL), None)
         if le is not None:
-            self.buckets.append((le, value))
+            self.buckets[le] = value
 
     def sorted_buckets(self) -> list[tuple[str, float]]:
         # +Inf last and every bound in order: what the exposition format requires
-        return sorted(self.buckets, key=lambda b: _bound(b[0]))
+        return sorted(self.buckets.items(), key=lambda b: _bound(b[0]))
 
 
 def _bound(le: str) -> float:
@@ -181,6 +191,8 @@ class TextRenderer:
         families: dict[str, list[str]] = {}
         subject_parts: dict[str, tuple[tuple[str, str], ...]] = {}
         histograms: dict[str, dict[tuple[Labels, Labels], _HistogramSeries]] = {}
+        # where each series' line is: a repeated series replaces its line (render_families)
+        line_at: dict[tuple[str, Labels, Labels], int] = {}
         for sample in snapshot.samples:
             value = sample.value
             if value is None or isinstance(value, str):
@@ -211,7 +223,12 @@ class TextRenderer:
                 prefix = self._prefix[key] = self._series_prefix(
                     spec.metric, self._label_names(spec), dict(subj), sample.labels
                 )
-            lines.append(prefix + _go_float(value) + "\n")
+            at = line_at.get(key)
+            if at is None:
+                line_at[key] = len(lines)
+                lines.append(prefix + _go_float(value) + "\n")
+            else:
+                lines[at] = prefix + _go_float(value) + "\n"
         for metric, by_series in histograms.items():
             spec = self.catalog.by_metric_name(metric)
             for (subj, rest), series in by_series.items():
