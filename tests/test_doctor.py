@@ -131,6 +131,65 @@ def test_serving_port_taken_is_critical_exit_2(tmp_path):
     assert any(c["name"] == "serving tokenizer" and c["status"] == "ok" for c in body["checks"])
 
 
+LISTENER = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(120)
+"""
+
+
+def _serving(tmp: Path, port: int) -> dict:
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (model / name).write_text("{}")
+    cmd = ["vllm", "serve", str(model)]
+    return {"name": "llm", "command": cmd, "device": "cpu", "port": port,
+            "model_dir": str(model)}
+
+
+def test_the_port_held_by_moptds_own_running_server_is_no_conflict(tmp_path):
+    """`moptd doctor` on a host where the daemon runs its managed server: the port is in
+    use by that server (recorded in serving/NAME/managed.json when moptd started it, in
+    its own session), as it should be. A real listener in its own session stands in for
+    the engine; a record naming another process group leaves the conflict reported."""
+    from moptd.serving.orphan import write_record
+
+    server = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        record_dir = tmp_path / "state" / "serving" / "llm"
+        record_dir.mkdir(parents=True)
+        assert write_record(record_dir, server.pid) is not None
+        proc = procfs_tree(tmp_path, "1")
+        code, body, out = doctor(tmp_path, serving=_serving(tmp_path, port), procfs=proc)
+        port_check = next(c for c in body["checks"] if c["name"] == "serving port")
+        assert port_check["status"] == "ok", out.stdout + out.stderr
+        assert f"pid {server.pid}" in port_check["detail"]
+        assert "managed server moptd started" in port_check["detail"]
+        # (the stand-in model's files fail the checklist: that is not what is checked here)
+        assert not [c for c in body["checks"] if c["code"] == "PORT_CONFLICT"]
+        # the record names the listener, but another process holds the port doctor checks
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            other = held.getsockname()[1]
+            code, body, out = doctor(tmp_path, serving=_serving(tmp_path, other), procfs=proc)
+        port_check = next(c for c in body["checks"] if c["name"] == "serving port")
+        assert (port_check["status"], port_check["code"]) == ("critical", "PORT_CONFLICT")
+        assert code == 2
+    finally:
+        server.kill()
+        server.wait()
+        assert server.stdout is not None
+        server.stdout.close()
+
+
 def test_missing_tokenizer_is_critical(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -93,7 +93,7 @@ async def run_checks(config: Any) -> list[Check]:
     checks = [*problems, *collector_checks(health), *finding_checks(store, config.rule_paths)]
     checks.extend(versions)
     checks.extend(await asyncio.to_thread(host_checks, store, config))
-    checks.extend(await asyncio.to_thread(serving_checks, managed, store))
+    checks.extend(await asyncio.to_thread(serving_checks, managed, store, config.state_dir))
     from moptd.cli.doctor_trt import trt_engine_checks
 
     checks.extend(
@@ -210,7 +210,7 @@ def host_checks(store: Any, config: Any) -> list[Check]:
     return out
 
 
-def serving_checks(managed: Any, store: Any) -> list[Check]:
+def serving_checks(managed: Any, store: Any, state_dir: Path | None = None) -> list[Check]:
     if managed is None:
         return [Check("serving process", "skipped", "none configured (collectors.serving.managed)")]
     from moptd.serving import gates
@@ -228,11 +228,39 @@ def serving_checks(managed: Any, store: Any) -> list[Check]:
         if readable:
             out.extend(_gate(r) for r in gates.check_model_dir(managed.model_dir))
             out.append(_host_memory_for(managed.model_dir, store))
-    out.append(_gate(gates.check_port(managed.host, managed.port)))
+    port = gates.check_port(managed.host, managed.port)
+    own = _own_server(managed, state_dir) if port.code == "PORT_CONFLICT" else ""
+    if own:
+        out.append(Check("serving port", "ok", f"port {managed.port} is held by {own}"))
+    else:
+        out.append(_gate(port))
     if managed.device == "gpu":
         out.extend(_gate(r) for r in gates.check_gpus(managed.min_free_gpu_memory))
         out.append(device_nodes_check(managed.user))
     return out
+
+
+def _own_server(managed: Any, state_dir: Path | None) -> str:
+    """What holds the managed server's port when it is moptd's own running server (then
+    the port is in use as it should be, not a conflict): its systemd unit, or the process
+    group a running moptd recorded when it started it. "" when anything else holds it."""
+    from moptd.proc.listeners import port_held_by_unit, port_holders
+    from moptd.serving import orphan
+    from moptd.serving.systemd import unit_name
+
+    if managed.backend == "systemd":
+        unit = unit_name(managed.name)
+        return f"the running {unit}" if port_held_by_unit(managed.port, unit) else ""
+    if state_dir is None:
+        return ""
+    rec = orphan.read_record(Path(state_dir) / "serving" / managed.name)
+    if rec is None:
+        return ""
+    members = set(orphan.group_members(rec))
+    holders = port_holders(managed.port)
+    if not members or not holders or any(h.pid not in members for h in holders):
+        return ""
+    return f"the managed server moptd started (pid {rec.pid}, process group {rec.pgid})"
 
 
 def _gate(r: Any) -> Check:
