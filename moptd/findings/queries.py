@@ -28,6 +28,8 @@ LIVE_FIELDS = (
     "caused_by",
     "consequences",
 )
+# present only when there is a link (docs/api/openapi.yaml: never null)
+LINK_FIELDS = ("caused_by", "consequences")
 EXPLAIN_HISTORY = 500  # as many as /v1/findings returns by default
 
 
@@ -150,7 +152,10 @@ async def finding(
     )
     if current is not None:
         for key in LIVE_FIELDS:
-            f[key] = current.get(key, f.get(key))
+            if key in current:
+                f[key] = current[key]
+            elif key in LINK_FIELDS:
+                f.pop(key, None)  # the link ended since it was stored: live has none
     f["related"] = [{k: r.get(k) for k in RELATED_FIELDS} for r in related]
     f["events"] = events
     return f
