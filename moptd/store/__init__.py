@@ -3,6 +3,15 @@ latest snapshot each source produced.
 
 It is written by one party at a time (the event loop), read by the exporter, the rule
 engine and the API. It does no I/O and takes its time from an injectable clock.
+
+The daemon's rule evaluation reads it from a worker thread while the loop goes on serving
+(moptd.findings.service). For that while the store is *held* (`hold()`): every write
+(`ingest`, `record`, `add_events`, `drop_source`, `evict`) is queued, with the time it was
+made, and applied in order when the hold ends, event listeners included; the thread sees
+the store exactly as it was when the evaluation began. No read writes anything a reader on
+another thread could see half done: the caches they fill (subjects, a signal's subjects)
+are whole values set in one assignment, and asking for a stream that does not exist makes
+no stream (`events`).
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -138,6 +148,39 @@ class SignalStore:
         # Called with each group of events as it is added (the findings database keeps
         # every kernel/NVML event); a callback must be quick and must not raise.
         self.event_listeners: list[Callable[[list[Event]], None]] = []
+        # While held (a rule evaluation reads the store from another thread): the writes
+        # made meanwhile, in order, each a call with its time fixed when it was made.
+        self._queued: list[Callable[[], object]] | None = None
+
+    # --- holding writes while another thread reads ---
+
+    @property
+    def held(self) -> bool:
+        return self._queued is not None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Queue every write until the block ends, then apply them in order (event
+        listeners run then too). Not reentrant: one evaluation at a time holds it."""
+        if self._queued is not None:
+            raise RuntimeError("the store is already held")
+        self._queued = []
+        try:
+            yield
+        finally:
+            queued, self._queued = self._queued, None
+            failed: Exception | None = None
+            for write in queued:
+                try:
+                    write()
+                except Exception as exc:  # noqa: BLE001 - the writes after it still apply
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
+
+    def queued(self) -> int:
+        """Writes waiting for the hold to end (0 when not held)."""
+        return 0 if self._queued is None else len(self._queued)
 
     # --- writing ---
 
@@ -145,6 +188,9 @@ class SignalStore:
         """Record a source's pass. Its snapshot is replaced whole, so subjects that left
         (a GPU that fell off, a process that exited) leave the exporter's view too."""
         now = self.clock.now() if t is None else t
+        if self._queued is not None:
+            self._queued.append(lambda: self.ingest(source, batch, now))
+            return
         kept = [s for s in batch.samples if self._record(s, now, source)]
         if len(kept) != len(batch.samples):
             # the exporter shows what the store holds: a refused series is not exported
@@ -164,8 +210,13 @@ class SignalStore:
 
     def record(self, sample: Sample, t: float | None = None, source: str = "") -> bool:
         """Record one sample; False when it would be a new series past the source's
-        ``max_series`` (it is dropped and counted in ``series_dropped``)."""
-        return self._record(sample, self.clock.now() if t is None else t, source)
+        ``max_series`` (it is dropped and counted in ``series_dropped``). While the store
+        is held it is queued and True: whether it is admitted is decided when it applies."""
+        now = self.clock.now() if t is None else t
+        if self._queued is not None:
+            self._queued.append(lambda: self._record(sample, now, source))
+            return True
+        return self._record(sample, now, source)
 
     def _admit(self, key: SeriesKey, source: str) -> bool:
         held = self._held.get(source, 0)
@@ -212,6 +263,10 @@ class SignalStore:
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
+        if self._queued is not None:
+            if added:
+                self._queued.append(lambda: self.add_events(added))
+            return
         for ev in added:
             log = self._events.get(ev.stream)
             if log is None:
@@ -224,10 +279,16 @@ class SignalStore:
     def drop_source(self, source: str) -> None:
         """A failed source's values leave the snapshot: stale numbers mislead more than
         absent ones. Its history stays for the rules."""
+        if self._queued is not None:
+            self._queued.append(lambda: self.drop_source(source))
+            return
         if self._current.pop(source, None) is not None:
             self.version += 1
 
     def evict(self, now: float) -> None:
+        if self._queued is not None:
+            self._queued.append(lambda: self.evict(now))
+            return
         horizon = now - self.retention
         for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
             del self._series[key]
@@ -324,10 +385,10 @@ class SignalStore:
         return list(self._events)
 
     def events(self, stream: str) -> EventLog:
+        """The stream's log; an empty one, not kept, for a stream never written: a read
+        makes no stream (another thread may be walking `streams()` meanwhile)."""
         log = self._events.get(stream)
-        if log is None:
-            log = self._events[stream] = EventLog(self.max_events)
-        return log
+        return EventLog(self.max_events) if log is None else log
 
     def count_events(
         self,
