@@ -14,6 +14,7 @@ the other rules and subjects run as usual, so one bad rule never switches the di
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -144,6 +145,32 @@ def _unchanged(reads: Reads, env: Env) -> bool:
     return True
 
 
+@dataclass(slots=True)
+class Budget:
+    """A time budget for one pass (the daemon's `rules.tick_budget`), and where the pass
+    after it starts.
+
+    The pass walks its (rule, subject) pairs from `start` on, wrapping round, and stops
+    once `seconds` have gone by `clock` (at least one pair is evaluated, so every pass
+    makes progress). The pairs it did not reach are `deferred`: they keep the last pass's
+    result (the caller's to keep; their reuse entries are carried over) and `next_start`
+    is where the next pass begins, so every rule runs in turn however long one pass
+    would take. Positions count pairs in the pass's order; a subject that comes or goes
+    shifts them by one, which moves a turn, not a rule out of it."""
+
+    seconds: float
+    start: int = 0
+    clock: Callable[[], float] = time.perf_counter
+    deferred: list[tuple[str, str]] = field(default_factory=list)  # (rule id, subject)
+    evaluated: int = 0
+    next_start: int = 0
+
+    @property
+    def over(self) -> bool:
+        """The last pass ran out of time and deferred some pairs."""
+        return bool(self.deferred)
+
+
 def evaluate(
     rules: RuleSet | Iterable[Rule],
     store: SignalStore,
@@ -152,6 +179,7 @@ def evaluate(
     traced: Callable[[str, str], bool] | None = None,
     reuse: Reuse | None = None,
     evidence_at: Mapping[str, float] | None = None,
+    budget: Budget | None = None,
 ) -> list[Result]:
     """Every enabled rule on every subject of its scope. A match carries its decision path
     (res.steps); so does a result for which `traced(rule id, subject)` is true (a finding
@@ -160,13 +188,84 @@ def evaluate(
     and the findings read it. With `reuse`, an untraced result whose reads all return what
     they returned in the last pass is that pass's result (see Reuse); the results are the
     same as without. `evidence_at` (replay) reads each namespace's series as of its newest
-    evidence (moptd.diagnose.expr.Env)."""
+    evidence (moptd.diagnose.expr.Env). With `budget`, the pass stops when its time is up
+    (see Budget): the results are those of the pairs it reached, in the usual order."""
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
     kept = reuse.kept if reuse is not None else {}
     keep: dict[tuple[int, str], Kept] = {}
-    out: list[Result] = []
+
+    def one(rule: Rule, env: Env) -> Result:
+        key = (id(rule), env.subject)
+        last = kept.get(key)
+        reads: Reads | None = None
+        stamp: Stamp | None = None
+        res: Result | None = None
+        was_traced = False
+        if (
+            reuse is not None
+            and last is not None
+            and last.result.rule is rule  # an id can be reused after a reload
+            and last.result.pci_bus_id == env.pci_bus_id
+            and last.missing == missing
+            # a result with its path where one is wanted, and without where not: the
+            # same as a full walk gives (a finding that closed drops its trace)
+            and last.traced
+            == (
+                last.result.status == "match"
+                or (traced is not None and traced(rule.id, env.subject))
+            )
+        ):
+            if last.stamp.holds(store, now):
+                # nothing it read can have changed: the entry stands as it is
+                reuse.reused += 1
+                reuse.unread += 1
+                keep[key] = last
+                return last.result
+            env.stamp = Stamp()
+            try:
+                if _unchanged(last.reads, env):
+                    res, reads, stamp = last.result, last.reads, env.stamp
+                    was_traced = last.traced
+                    reuse.reused += 1
+            finally:
+                env.stamp = None
+        if res is None:
+            if reuse is not None:
+                reads = env.reads = []
+                stamp = env.stamp = Stamp()
+            try:
+                res = _isolated(rule, env, trace=False)
+            finally:
+                env.reads = None
+                env.stamp = None
+        if res.status == "error":
+            # Never kept for reuse: it runs again each pass, so a recovery shows at once
+            # and an exception that does not follow from the reads (RecursionError at
+            # another stack depth) is not frozen in.
+            return res
+        if not was_traced and (
+            res.status == "match" or (traced is not None and traced(rule.id, env.subject))
+        ):
+            # again, recording the path and the evidence (reads are memoised), and what
+            # that read too: a match whose reads stand is taken whole next pass
+            if reuse is not None:
+                reads = env.reads = []
+                stamp = env.stamp = Stamp()
+            try:
+                res = _isolated(rule, env)
+            finally:
+                env.reads = None
+                env.stamp = None
+            was_traced = True
+            if res.status == "error":
+                return res
+        if reads is not None and stamp is not None:
+            keep[key] = Kept(res, reads, stamp, missing, was_traced)
+        return res
+
+    pairs: list[tuple[Rule, Env]] = []
     for rule in rule_list:
         if not rule.enabled:
             continue
@@ -176,80 +275,50 @@ def evaluate(
                 Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
                 for subject, pci in subjects_for(rule.scope, store)
             ]
-        for env in scope_envs:
-            key = (id(rule), env.subject)
-            last = kept.get(key)
-            reads: Reads | None = None
-            stamp: Stamp | None = None
-            res: Result | None = None
-            was_traced = False
-            if (
-                reuse is not None
-                and last is not None
-                and last.result.rule is rule  # an id can be reused after a reload
-                and last.result.pci_bus_id == env.pci_bus_id
-                and last.missing == missing
-                # a result with its path where one is wanted, and without where not: the
-                # same as a full walk gives (a finding that closed drops its trace)
-                and last.traced
-                == (
-                    last.result.status == "match"
-                    or (traced is not None and traced(rule.id, env.subject))
-                )
-            ):
-                if last.stamp.holds(store, now):
-                    # nothing it read can have changed: the entry stands as it is
-                    reuse.reused += 1
-                    reuse.unread += 1
-                    keep[key] = last
-                    out.append(last.result)
-                    continue
-                env.stamp = Stamp()
-                try:
-                    if _unchanged(last.reads, env):
-                        res, reads, stamp = last.result, last.reads, env.stamp
-                        was_traced = last.traced
-                        reuse.reused += 1
-                finally:
-                    env.stamp = None
-            if res is None:
-                if reuse is not None:
-                    reads = env.reads = []
-                    stamp = env.stamp = Stamp()
-                try:
-                    res = _isolated(rule, env, trace=False)
-                finally:
-                    env.reads = None
-                    env.stamp = None
-            if res.status == "error":
-                # Never kept for reuse: it runs again each pass, so a recovery shows at once
-                # and an exception that does not follow from the reads (RecursionError at
-                # another stack depth) is not frozen in.
-                out.append(res)
-                continue
-            if not was_traced and (
-                res.status == "match" or (traced is not None and traced(rule.id, env.subject))
-            ):
-                # again, recording the path and the evidence (reads are memoised), and what
-                # that read too: a match whose reads stand is taken whole next pass
-                if reuse is not None:
-                    reads = env.reads = []
-                    stamp = env.stamp = Stamp()
-                try:
-                    res = _isolated(rule, env)
-                finally:
-                    env.reads = None
-                    env.stamp = None
-                was_traced = True
-                if res.status == "error":
-                    out.append(res)
-                    continue
-            if reads is not None and stamp is not None:
-                keep[key] = Kept(res, reads, stamp, missing, was_traced)
-            out.append(res)
+        pairs.extend((rule, env) for env in scope_envs)
+    if budget is None:
+        out = [one(rule, env) for rule, env in pairs]
+    else:
+        out = _within(pairs, one, budget, kept, keep)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
     return out
+
+
+def _within(
+    pairs: list[tuple[Rule, Env]],
+    one: Callable[[Rule, Env], Result],
+    budget: Budget,
+    kept: Mapping[tuple[int, str], Kept],
+    keep: dict[tuple[int, str], Kept],
+) -> list[Result]:
+    """The pairs from budget.start on until its time is up; the results in pair order."""
+    n = len(pairs)
+    budget.deferred = []
+    budget.evaluated = 0
+    if n == 0:
+        budget.next_start = 0
+        return []
+    first = budget.start % n
+    slots: list[Result | None] = [None] * n
+    deadline = budget.clock() + budget.seconds
+    done = 0
+    while done < n:
+        i = (first + done) % n
+        slots[i] = one(*pairs[i])
+        done += 1
+        if done < n and budget.clock() >= deadline:
+            break
+    budget.evaluated = done
+    budget.next_start = (first + done) % n
+    for k in range(done, n):
+        rule, env = pairs[(first + k) % n]
+        budget.deferred.append((rule.id, env.subject))
+        key = (id(rule), env.subject)
+        last = kept.get(key)
+        if last is not None and last.result.rule is rule:
+            keep[key] = last  # not reached: its entry stands for the next pass
+    return [r for r in slots if r is not None]
 
 
 def _isolated(rule: Rule, env: Env, trace: bool = True) -> Result:
