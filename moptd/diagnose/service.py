@@ -127,12 +127,20 @@ class RuleService:
     def tick(self, now: float | None = None) -> list[Transition]:
         return self.apply(self.compute(now))
 
-    def compute(self, now: float | None = None) -> Evaluation:
+    def open_keys(self) -> frozenset[tuple[str, str]]:
+        """The (rule, subject) pairs with an open finding: what `compute` traces."""
+        return frozenset(self.lifecycle.findings)
+
+    def compute(
+        self, now: float | None = None, open_keys: frozenset[tuple[str, str]] | None = None
+    ) -> Evaluation:
         """The evaluation at `now`, within the tick budget if there is one. Safe in another
-        thread while nothing writes the store (SignalStore.hold) and nothing else touches
-        this service: it reads them and changes only the engine's reuse entries."""
+        thread while nothing writes the store (SignalStore.hold) and nothing changes the
+        rule set: it reads them and changes only the engine's reuse entries and where the
+        next budgeted pass starts. In a thread, pass `open_keys` taken on the loop (the
+        remediation's breaker finding may come and go on it meanwhile)."""
         t = self.clock.now() if now is None else now
-        open_findings = frozenset(self.lifecycle.findings)
+        open_findings = self.open_keys() if open_keys is None else open_keys
         budget = (
             None
             if self.tick_budget is None

@@ -229,7 +229,7 @@ class Diagnosis:
             with self.store.hold():
                 self.evaluating = True
                 try:
-                    ev = await _in_thread(self.rules.compute, t)
+                    ev = await _in_thread(self.rules.compute, t, self.rules.open_keys())
                 finally:
                     self.evaluating = False
                 # on the loop, still over the store the evaluation saw (links read it)
@@ -349,10 +349,10 @@ class Diagnosis:
                 q.put_nowait({})
 
 
-async def _in_thread(fn: Callable[[float], Any], t: float) -> Any:
-    """fn(t) in a worker thread. A cancelled caller (the daemon stopping) still waits for
-    the thread to end: it reads the store, which must stay held until it has."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn, t))
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a worker thread. A cancelled caller (the daemon stopping) still waits
+    for the thread to end: it reads the store, which must stay held until it has."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:

@@ -106,7 +106,8 @@ class Gate:
 
 
 def gated(tmp: Path, clock: VirtualClock, store: SignalStore) -> tuple[Diagnosis, Gate]:
-    rules = write_rules(tmp / "rules", [node_rule("test-swappiness", "node.swappiness", for_="10s")])
+    rule = node_rule("test-swappiness", "node.swappiness", for_="10s")
+    rules = write_rules(tmp / "rules", [rule])
     d = build_diagnosis(store, tmp / "state", [rules], clock=clock)
     d.rules.tick_budget = 3600.0  # a budget, so its clock is read; never reached
     gate = Gate()
@@ -150,7 +151,8 @@ async def test_the_api_answers_while_an_evaluation_is_still_running(tmp_path):
             async with s.get("http://moptd/v1/findings") as r:
                 assert r.status == 200
                 order.append("findings answered")
-        assert d.evaluating and not tick.done()  # the evaluation had not ended meanwhile
+        assert d.evaluating
+        assert not tick.done()
         assert health["diagnosis"]["ticks"] == 0
         gate.open()
         records = await tick
@@ -207,7 +209,8 @@ async def test_the_loop_runs_callbacks_during_a_real_costly_evaluation(tmp_path)
         asyncio.get_running_loop().call_soon(beat)
         await d.tick_off_loop(T0 + 600)
         stop = True
-        assert d.ticks == 1 and len(seen_at) > 8 * 3  # every pair read the clock
+        assert d.ticks == 1
+        assert len(seen_at) > 8 * 3
         assert seen_at[-1] > seen_at[0], "no loop callback ran while the evaluation did"
     finally:
         stop = True
@@ -233,7 +236,8 @@ async def test_writes_during_an_evaluation_apply_after_it_in_order_none_lost(tmp
         # held: the evaluation's store is the one it began with
         assert store.version == version
         assert store.latest("node.swappiness", "node") == 5.0
-        assert store.stream_appended("kernel.xid") == 0 and heard == []
+        assert store.stream_appended("kernel.xid") == 0
+        assert heard == []
         assert store.queued() == 6
         gate.open()
         assert [r["new"] for r in await tick] == []  # 5 is not high: it saw the store before
@@ -241,7 +245,8 @@ async def test_writes_during_an_evaluation_apply_after_it_in_order_none_lost(tmp
         assert points == [(T0, 5.0), (T0 + 1, 20.0), (T0 + 2, 30.0), (T0 + 3, 40.0)]
         assert [e.fields["n"] for e in store.events("kernel.xid")] == ["0", "1", "2"]
         assert heard == [["0"], ["1"], ["2"]]  # listeners too, in order, after the evaluation
-        assert not store.held and store.queued() == 0
+        assert not store.held
+        assert store.queued() == 0
         # the next tick sees them
         assert [r["new"] for r in await _ungated(d, T0 + 3)] == ["pending"]
     finally:
@@ -284,7 +289,8 @@ async def test_a_reload_during_an_evaluation_waits_for_it(tmp_path):
             assert not reload.done()
             await asyncio.sleep(0.005)
         assert d._tick_lock._waiters, "the reload never came to wait for the tick"
-        assert not reload.done() and d.rules.ruleset is before
+        assert not reload.done()
+        assert d.rules.ruleset is before
         gate.open()
         records = await tick
         assert [r["rule"] for r in records] == ["test-swappiness"]
@@ -333,7 +339,8 @@ def test_the_budget_defers_the_rest_and_the_next_tick_starts_there(tmp_path):
                                                "r2-load5"]
     assert ev.deferred == [("r3-cpu-util", "node")]
     assert [tr.new for tr in svc.apply(ev)] == ["pending"] * 3
-    assert svc.ticks_over_budget == 1 and svc.evaluations_deferred == 1
+    assert svc.ticks_over_budget == 1
+    assert svc.evaluations_deferred == 1
     # the next starts with the one left, then wraps round
     ev = svc.compute(T0 + 1)
     assert [r.rule.id for r in ev.results] == ["r0-swappiness", "r1-load1",
@@ -379,7 +386,8 @@ def test_a_deferred_pair_neither_fires_nor_resolves_nor_ends_pending(tmp_path):
     ev = svc.compute(T0 + 14)
     deferred = {rule for rule, _ in ev.deferred}
     resolved = {tr.rule for tr in svc.apply(ev) if tr.new == "resolved"}
-    assert deferred and not deferred & resolved  # still firing: never resolved unseen
+    assert deferred
+    assert not deferred & resolved
     assert deferred <= {f.rule for f in svc.active()}
     # the next evaluation reaches them and they resolve then
     svc.tick_budget = None
