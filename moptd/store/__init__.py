@@ -7,8 +7,11 @@ engine and the API. It does no I/O and takes its time from an injectable clock.
 The daemon's rule evaluation reads it from a worker thread while the loop goes on serving
 (moptd.findings.service). For that while the store is *held* (`hold()`): every write
 (`ingest`, `record`, `add_events`, `drop_source`, `evict`) is queued, with the time it was
-made, and applied in order when the hold ends, event listeners included; the thread sees
-the store exactly as it was when the evaluation began. No read writes anything a reader on
+made, and applied in order when the hold ends; the thread sees the store exactly as it was
+when the evaluation began. Event listeners are told at once, in order, as without a hold:
+they read nothing of the store, and the findings database's listener must have queued an
+event's row before the kernel-log collector queues the position after it (a position
+committed ahead of its events would skip them after a SIGKILL). No read writes anything a reader on
 another thread could see half done: the caches they fill (subjects, a signal's subjects)
 are whole values set in one assignment, and asking for a stream that does not exist makes
 no stream (`events`).
@@ -161,7 +164,7 @@ class SignalStore:
     @contextmanager
     def hold(self) -> Iterator[None]:
         """Queue every write until the block ends, then apply them in order (event
-        listeners run then too). Not reentrant: one evaluation at a time holds it."""
+        listeners are still told at once). Not reentrant: one evaluation holds it."""
         if self._queued is not None:
             raise RuntimeError("the store is already held")
         self._queued = []
@@ -189,14 +192,18 @@ class SignalStore:
         (a GPU that fell off, a process that exited) leave the exporter's view too."""
         now = self.clock.now() if t is None else t
         if self._queued is not None:
-            self._queued.append(lambda: self.ingest(source, batch, now))
+            self._notify(batch.events)
+            self._queued.append(lambda: self._ingest(source, batch, now, notify=False))
             return
+        self._ingest(source, batch, now)
+
+    def _ingest(self, source: str, batch: Batch, now: float, notify: bool = True) -> None:
         kept = [s for s in batch.samples if self._record(s, now, source)]
         if len(kept) != len(batch.samples):
             # the exporter shows what the store holds: a refused series is not exported
             # either, so /metrics stays as bounded as the store
             batch = replace(batch, samples=kept)
-        self.add_events(batch.events)
+        self._add_events(list(batch.events), notify)
         for subject, attrs in batch.attrs.items():
             known = self._attrs.get(subject)
             if known is None:
@@ -265,16 +272,24 @@ class SignalStore:
         added = list(events)
         if self._queued is not None:
             if added:
-                self._queued.append(lambda: self.add_events(added))
+                self._notify(added)
+                self._queued.append(lambda: self._add_events(added, notify=False))
             return
+        self._add_events(added)
+
+    def _notify(self, events: list[Event]) -> None:
+        if events:
+            for listener in self.event_listeners:
+                listener(events)
+
+    def _add_events(self, added: list[Event], notify: bool = True) -> None:
         for ev in added:
             log = self._events.get(ev.stream)
             if log is None:
                 log = self._events[ev.stream] = EventLog(self.max_events)
             log.append(ev)
-        if added:
-            for listener in self.event_listeners:
-                listener(added)
+        if notify:
+            self._notify(added)
 
     def drop_source(self, source: str) -> None:
         """A failed source's values leave the snapshot: stale numbers mislead more than
