@@ -196,121 +196,155 @@ def evaluate(
     kept = reuse.kept if reuse is not None else {}
     keep: dict[tuple[int, str], Kept] = {}
 
-    def one(rule: Rule, env: Env) -> Result:
-        key = (id(rule), env.subject)
-        last = kept.get(key)
-        reads: Reads | None = None
-        stamp: Stamp | None = None
-        res: Result | None = None
-        was_traced = False
-        if (
-            reuse is not None
-            and last is not None
-            and last.result.rule is rule  # an id can be reused after a reload
-            and last.result.pci_bus_id == env.pci_bus_id
-            and last.missing == missing
-            # a result with its path where one is wanted, and without where not: the
-            # same as a full walk gives (a finding that closed drops its trace)
-            and last.traced
-            == (
-                last.result.status == "match"
-                or (traced is not None and traced(rule.id, env.subject))
-            )
-        ):
-            if last.stamp.holds(store, now):
-                # nothing it read can have changed: the entry stands as it is
-                reuse.reused += 1
-                reuse.unread += 1
-                keep[key] = last
-                return last.result
-            env.stamp = Stamp()
-            try:
-                if _unchanged(last.reads, env):
-                    res, reads, stamp = last.result, last.reads, env.stamp
-                    was_traced = last.traced
-                    reuse.reused += 1
-            finally:
-                env.stamp = None
-        if res is None:
-            if reuse is not None:
-                reads = env.reads = []
-                stamp = env.stamp = Stamp()
-            try:
-                res = _isolated(rule, env, trace=False)
-            finally:
-                env.reads = None
-                env.stamp = None
-        if res.status == "error":
-            # Never kept for reuse: it runs again each pass, so a recovery shows at once
-            # and an exception that does not follow from the reads (RecursionError at
-            # another stack depth) is not frozen in.
-            return res
-        if not was_traced and (
-            res.status == "match" or (traced is not None and traced(rule.id, env.subject))
-        ):
-            # again, recording the path and the evidence (reads are memoised), and what
-            # that read too: a match whose reads stand is taken whole next pass
-            if reuse is not None:
-                reads = env.reads = []
-                stamp = env.stamp = Stamp()
-            try:
-                res = _isolated(rule, env)
-            finally:
-                env.reads = None
-                env.stamp = None
-            was_traced = True
-            if res.status == "error":
-                return res
-        if reads is not None and stamp is not None:
-            keep[key] = Kept(res, reads, stamp, missing, was_traced)
-        return res
-
-    pairs: list[tuple[Rule, Env]] = []
-    for rule in rule_list:
-        if not rule.enabled:
-            continue
-        scope_envs = envs.get(rule.scope)
-        if scope_envs is None:
-            scope_envs = envs[rule.scope] = [
-                Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
-                for subject, pci in subjects_for(rule.scope, store)
-            ]
-        pairs.extend((rule, env) for env in scope_envs)
-    if budget is None:
-        out = [one(rule, env) for rule, env in pairs]
-    else:
-        out = _within(pairs, one, budget, kept, keep)
+    timed = budget is not None
+    clock = time.perf_counter if budget is None else budget.clock
+    first = pos = done = 0
+    deadline = 0.0
+    stopped = False  # the budget ran out
+    if budget is not None:
+        total = sum(
+            len(_envs(envs, rule.scope, store, now, missing, memo, evidence_at))
+            for rule in rule_list
+            if rule.enabled
+        )
+        first = budget.start % total if total else 0
+        deadline = clock() + budget.seconds
+    laps: list[list[Result]] = [[], []]
+    for lap in (0, 1) if timed and first else (0,):
+        out = laps[lap]
+        pos = -1
+        for rule in rule_list:
+            if not rule.enabled:
+                continue
+            scope_envs = envs.get(rule.scope)
+            if scope_envs is None:
+                scope_envs = _envs(envs, rule.scope, store, now, missing, memo, evidence_at)
+            for env in scope_envs:
+                if timed:
+                    pos += 1
+                    if pos < first if lap == 0 else pos >= first:
+                        continue  # lap 0 walks [first, n), lap 1 [0, first)
+                    if done and clock() >= deadline:
+                        stopped = True
+                        break
+                    done += 1
+                key = (id(rule), env.subject)
+                last = kept.get(key)
+                reads: Reads | None = None
+                stamp: Stamp | None = None
+                res: Result | None = None
+                was_traced = False
+                if (
+                    reuse is not None
+                    and last is not None
+                    and last.result.rule is rule  # an id can be reused after a reload
+                    and last.result.pci_bus_id == env.pci_bus_id
+                    and last.missing == missing
+                    # a result with its path where one is wanted, and without where not: the
+                    # same as a full walk gives (a finding that closed drops its trace)
+                    and last.traced
+                    == (
+                        last.result.status == "match"
+                        or (traced is not None and traced(rule.id, env.subject))
+                    )
+                ):
+                    if last.stamp.holds(store, now):
+                        # nothing it read can have changed: the entry stands as it is
+                        reuse.reused += 1
+                        reuse.unread += 1
+                        keep[key] = last
+                        out.append(last.result)
+                        continue
+                    env.stamp = Stamp()
+                    try:
+                        if _unchanged(last.reads, env):
+                            res, reads, stamp = last.result, last.reads, env.stamp
+                            was_traced = last.traced
+                            reuse.reused += 1
+                    finally:
+                        env.stamp = None
+                if res is None:
+                    if reuse is not None:
+                        reads = env.reads = []
+                        stamp = env.stamp = Stamp()
+                    try:
+                        res = _isolated(rule, env, trace=False)
+                    finally:
+                        env.reads = None
+                        env.stamp = None
+                if res.status == "error":
+                    # Never kept for reuse: it runs again each pass, so a recovery shows at once
+                    # and an exception that does not follow from the reads (RecursionError at
+                    # another stack depth) is not frozen in.
+                    out.append(res)
+                    continue
+                if not was_traced and (
+                    res.status == "match" or (traced is not None and traced(rule.id, env.subject))
+                ):
+                    # again, recording the path and the evidence (reads are memoised), and what
+                    # that read too: a match whose reads stand is taken whole next pass
+                    if reuse is not None:
+                        reads = env.reads = []
+                        stamp = env.stamp = Stamp()
+                    try:
+                        res = _isolated(rule, env)
+                    finally:
+                        env.reads = None
+                        env.stamp = None
+                    was_traced = True
+                    if res.status == "error":
+                        out.append(res)
+                        continue
+                if reads is not None and stamp is not None:
+                    keep[key] = Kept(res, reads, stamp, missing, was_traced)
+                out.append(res)
+            if stopped:
+                break
+        if stopped:
+            break
+    out = laps[1] + laps[0] if timed else laps[0]
+    if budget is not None:
+        _account(budget, rule_list, envs, first, done, kept, keep)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
     return out
 
 
-def _within(
-    pairs: list[tuple[Rule, Env]],
-    one: Callable[[Rule, Env], Result],
+def _envs(
+    envs: dict[str, list[Env]],
+    scope: str,
+    store: SignalStore,
+    now: float,
+    missing: frozenset[str],
+    memo: dict[tuple[object, ...], object],
+    evidence_at: Mapping[str, float] | None,
+) -> list[Env]:
+    """One Env per subject of the scope, made once a pass and shared by its rules."""
+    scope_envs = envs.get(scope)
+    if scope_envs is None:
+        scope_envs = envs[scope] = [
+            Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
+            for subject, pci in subjects_for(scope, store)
+        ]
+    return scope_envs
+
+
+def _account(
     budget: Budget,
+    rule_list: Iterable[Rule],
+    envs: dict[str, list[Env]],
+    first: int,
+    done: int,
     kept: Mapping[tuple[int, str], Kept],
     keep: dict[tuple[int, str], Kept],
-) -> list[Result]:
-    """The pairs from budget.start on until its time is up; the results in pair order."""
+) -> None:
+    """After a budgeted pass: what it reached, where the next starts, the pairs it left
+    (their reuse entries carried over for the next pass)."""
+    pairs = [(rule, env) for rule in rule_list if rule.enabled for env in envs[rule.scope]]
     n = len(pairs)
-    budget.deferred = []
-    budget.evaluated = 0
-    if n == 0:
-        budget.next_start = 0
-        return []
-    first = budget.start % n
-    slots: list[Result | None] = [None] * n
-    deadline = budget.clock() + budget.seconds
-    done = 0
-    while done < n:
-        i = (first + done) % n
-        slots[i] = one(*pairs[i])
-        done += 1
-        if done < n and budget.clock() >= deadline:
-            break
     budget.evaluated = done
-    budget.next_start = (first + done) % n
+    budget.next_start = (first + done) % n if n else 0
+    budget.deferred = []
     for k in range(done, n):
         rule, env = pairs[(first + k) % n]
         budget.deferred.append((rule.id, env.subject))
@@ -318,7 +352,6 @@ def _within(
         last = kept.get(key)
         if last is not None and last.result.rule is rule:
             keep[key] = last  # not reached: its entry stands for the next pass
-    return [r for r in slots if r is not None]
 
 
 def _isolated(rule: Rule, env: Env, trace: bool = True) -> Result:

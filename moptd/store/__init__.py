@@ -154,6 +154,7 @@ class SignalStore:
         # While held (a rule evaluation reads the store from another thread): the writes
         # made meanwhile, in order, each a call with its time fixed when it was made.
         self._queued: list[Callable[[], object]] | None = None
+        self._no_events = EventLog(max_events)  # what events() gives for an unknown stream
 
     # --- holding writes while another thread reads ---
 
@@ -400,10 +401,11 @@ class SignalStore:
         return list(self._events)
 
     def events(self, stream: str) -> EventLog:
-        """The stream's log; an empty one, not kept, for a stream never written: a read
-        makes no stream (another thread may be walking `streams()` meanwhile)."""
+        """The stream's log; for a stream never written, one empty log shared by all of
+        them (read it, never append to it): a read makes no stream (another thread may be
+        walking `streams()` meanwhile), and rules ask for absent streams every tick."""
         log = self._events.get(stream)
-        return EventLog(self.max_events) if log is None else log
+        return self._no_events if log is None else log
 
     def count_events(
         self,
