@@ -349,6 +349,12 @@ class Diagnosis:
                 q.put_nowait({})
 
 
+# No sys.setswitchinterval here. The evaluation thread holds the GIL up to the switch
+# interval (5 ms) before the loop gets it back, so a shorter one could cut a /metrics that
+# arrives mid-tick; measured side by side (BENCHMARKS.md, "The rule tick off the event
+# loop"), 1 ms left the p99 after the first 10 s where it was under the hostile endpoint
+# (9.2 against 8.6 ms) and under the costliest rule set (7.1 against 6.7 ms), and costs
+# every thread more switches. Kept out until a quiet host shows it helps.
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) in a worker thread. A cancelled caller (the daemon stopping) still waits
     for the thread to end: it reads the store, which must stay held until it has."""
