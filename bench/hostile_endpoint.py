@@ -10,6 +10,8 @@ moptd's /metrics). The daemon scrapes it every ``--interval``; this script reads
 daemon's VmRSS once a second and times ``--scrapes-per-s`` /metrics scrapes a second.
 
     python bench/hostile_endpoint.py --seconds 150 --out result.json
+    python bench/hostile_endpoint.py --seconds 45 --other /tmp/base --rounds 3 \
+        --switch-interval 0.001 --out ab.json   # side by side (bench/daemon_bench.py)
 
 Run it with the tree under test first on PYTHONPATH (the daemon is `python -m moptd`); it
 sets no key an older tree lacks, so the tree before the cap runs it the same way.
@@ -21,31 +23,27 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from percentile import pct
+from daemon_bench import (
+    REPO,
+    Arm,
+    Daemon,
+    arms_from,
+    free_port,
+    latency_figures,
+    metric,
+    side_by_side,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 PAGE = (REPO / "tests/fixtures/vllm-cpu/vllm_cpu_metrics_idle.txt").read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Engine:
@@ -83,20 +81,6 @@ class Engine:
         return web.Response(text=PAGE + extra, content_type="text/plain")
 
 
-def rss_mib(pid: int) -> float:
-    text = Path(f"/proc/{pid}/status").read_text()
-    m = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
-    return int(m.group(1)) / 1024 if m else float("nan")
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(name + "{" if want else name + " ") and want in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 KEYS = ("rss_mib_at_10s", "rss_mib_last", "metrics_p50_ms", "metrics_p99_ms",
         "metrics_p99_after_10s_ms", "metrics_max_ms", "daemon_cpu_seconds",
         "daemon_gc_seconds", "series_dropped_total")
@@ -111,42 +95,27 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--other", type=Path,
                     help="another tree (a git archive) run alternately with this one")
-    ap.add_argument("--rounds", type=int, default=1, help="runs of each tree (with --other)")
+    ap.add_argument("--switch-interval", type=float,
+                    help="also run this tree with sys.setswitchinterval(S) set at start")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each arm (side by side)")
     args = ap.parse_args()
-    if args.other is None:
-        result = run_once(REPO, args)
+    arms = arms_from(args.other, args.switch_interval)
+    if len(arms) == 1:
+        result = run_once(arms[0], args)
         print(json.dumps(result, indent=1))
         if args.out:
             args.out.write_text(json.dumps(result, indent=1) + "\n")
         return 0
-    runs: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
-    for i in range(args.rounds):
-        # alternate the order each round, so neither tree always runs on a warmer machine
-        order = [("this", REPO), ("other", args.other)]
-        for side, tree in order if i % 2 == 0 else order[::-1]:
-            r = run_once(tree, args)
-            runs[side].append(r)
-            print(side, json.dumps({k: r.get(k) for k in KEYS}), flush=True)
-    med = {side: {k: statistics.median(float(r[k] or 0.0) for r in rs) for k in KEYS}
-           for side, rs in runs.items()}
-    ratio = {k: round(med["this"][k] / med["other"][k], 3) if med["other"][k] else None
-             for k in KEYS}
-    summary = {"median_this": med["this"], "median_other": med["other"],
-               "ratio_this_over_other": ratio, "other": str(args.other), "runs": runs}
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+    summary = side_by_side(arms, args.rounds, lambda arm: run_once(arm, args), KEYS)
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")
     return 0
 
 
-def run_once(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_once(arm: Arm, args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(args.rotating)
     tmp = Path(tempfile.mkdtemp(prefix="moptd-hostile-"))
-    port = free_port()
     config: dict[str, Any] = {
-        "state_dir": str(tmp / "state"),
-        "exporter": {"listen": f"127.0.0.1:{port}"},
-        "api": {"socket": str(tmp / "api.sock")},
         "collectors": {
             "serving": {
                 "interval": args.interval,
@@ -157,37 +126,11 @@ def run_once(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             }
         },
     }
-    (tmp / "moptd.yaml").write_text(json.dumps(config))
-    log = (tmp / "moptd.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moptd", "run", "--config", str(tmp / "moptd.yaml")],
-        stdout=log, stderr=subprocess.STDOUT, cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-    )
-    url = f"http://127.0.0.1:{port}/metrics"
+    d = Daemon(arm, config, tmp)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"no daemon: {(tmp / 'moptd.log').read_text()}") from None
-                time.sleep(0.2)
-        latencies: list[float] = []
-        rss: list[tuple[float, float]] = []
-        t0 = time.monotonic()
-        text = ""
-        while (elapsed := time.monotonic() - t0) < args.seconds:
-            rss.append((round(elapsed, 1), rss_mib(proc.pid)))
-            for _ in range(args.scrapes_per_s):
-                s0 = time.perf_counter()
-                text = urllib.request.urlopen(url, timeout=10).read().decode()
-                latencies.append(time.perf_counter() - s0)
-                time.sleep(max(0.0, 1.0 / args.scrapes_per_s - (time.perf_counter() - s0)))
+        d.wait_up()
+        ms, rss, text = d.scrape_for(args.seconds, args.scrapes_per_s)
         series_in_metrics = sum(1 for ln in text.splitlines() if ln and ln[0] != "#")
-        ms = [x * 1000 for x in latencies]
         mibs = [m for _, m in rss]
         result = {
             "seconds": args.seconds,
@@ -198,11 +141,7 @@ def run_once(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             "rss_mib_at_10s": round(mibs[min(10, len(mibs) - 1)], 1),
             "rss_mib_last": round(mibs[-1], 1),
             "rss_mib_max": round(max(mibs), 1),
-            "metrics_scrapes": len(ms),
-            "metrics_p50_ms": round(pct(ms, 0.5), 2),
-            "metrics_p99_ms": round(pct(ms, 0.99), 2),
-            "metrics_max_ms": round(max(ms), 2),
-            "metrics_p99_after_10s_ms": round(pct(ms[10 * args.scrapes_per_s :], 0.99), 2),
+            **latency_figures(ms, args.scrapes_per_s),
             "series_in_metrics": series_in_metrics,
             "series_dropped_total": metric(
                 text, "moptd_store_series_dropped_total", collector="serving"
@@ -214,13 +153,10 @@ def run_once(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
             "rss_mib_every_10s": [m for t, m in rss[::10]],
         }
     finally:
-        proc.terminate()
-        proc.wait(20)
-        log.close()
-    result["tree"] = str(tree)
+        d.stop()
+    result["tree"] = str(arm.tree)
+    result["switch_interval"] = arm.switch_interval
     return result
-
-
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ stops early). ``--rules N`` of them are added to the shipped set.
 
     python bench/rule_cost.py --rules 1 2 4 8 16          # in-process: tick ms and memory
     python bench/rule_cost.py --daemon --rules 8 --seconds 60   # a real `moptd run`
+    python bench/rule_cost.py --daemon --fill --seconds 45 --other /tmp/base --rounds 3 \
+        --switch-interval 0.001 --out ab.json   # side by side (bench/daemon_bench.py)
 
 In-process it fills the store as bench/rules_tick.py does (8 GPUs, an hour of 1 s history)
 and times RuleService.tick() (CPU time). With ``--daemon`` it writes the set to a rules.d,
@@ -23,13 +25,11 @@ import json
 import os
 import random
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from daemon_bench import REPO, Arm, Daemon, arms_from, latency_figures, metric, side_by_side
 from percentile import pct
 from rules_tick import batch_at
 
@@ -186,12 +187,6 @@ def in_process(n_rules: int, ticks: int, history: int, fill: bool) -> dict[str, 
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -199,8 +194,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+DAEMON_KEYS = ("rss_mib_last", "metrics_p50_ms", "metrics_p99_ms", "metrics_p99_after_10s_ms",
+               "metrics_max_ms", "daemon_cpu_seconds", "ticks_over_budget")
+
+
 def daemon(
-    n_rules: int, seconds: float, tree: Path, scrapes_per_s: int, fill: bool
+    n_rules: int, seconds: float, arm: Arm, scrapes_per_s: int, fill: bool
 ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="moptd-rulecost-"))
     rules_d = tmp / "rules.d"
@@ -208,11 +207,7 @@ def daemon(
     if n_rules or fill:
         doc, _ = costly_rule_file(n_rules, plan=fill_to_bound() if fill else None)
         (rules_d / "cost.rules.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    port = free_port()
     config = {
-        "state_dir": str(tmp / "state"),
-        "exporter": {"listen": f"127.0.0.1:{port}"},
-        "api": {"socket": str(tmp / "api.sock")},
         "rules": {"paths": [str(default_rules_dir()), str(rules_d)]},
         # 8 GPUs from the recorded H200 backend, so the GPU rules have their subjects
         "collectors": {
@@ -221,57 +216,27 @@ def daemon(
             "host": {"interval": "1s"},
         },
     }
-    (tmp / "moptd.yaml").write_text(json.dumps(config))
-    log = (tmp / "moptd.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moptd", "run", "--config", str(tmp / "moptd.yaml")],
-        stdout=log, stderr=subprocess.STDOUT, cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-    )
-    url = f"http://127.0.0.1:{port}/metrics"
+    d = Daemon(arm, config, tmp)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit((tmp / "moptd.log").read_text()[-3000:]) from None
-                time.sleep(0.2)
-        lat: list[float] = []
-        rss: list[float] = []
-        t0 = time.monotonic()
-        text = ""
-        while time.monotonic() - t0 < seconds:
-            rss.append(rss_mib(proc.pid))
-            for _ in range(scrapes_per_s):
-                s0 = time.perf_counter()
-                text = urllib.request.urlopen(url, timeout=10).read().decode()
-                lat.append((time.perf_counter() - s0) * 1000)
-                time.sleep(max(0.0, 1.0 / scrapes_per_s - (time.perf_counter() - s0)))
+        d.wait_up()
+        lat, rss_at, text = d.scrape_for(seconds, scrapes_per_s)
     finally:
-        proc.terminate()
-        proc.wait(20)
-        log.close()
-    rules_loaded = next(
-        (float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-         if ln.startswith("moptd_rules_loaded")), None,
-    )
+        d.stop()
+    rss = [m for _, m in rss_at]
     gpus = sum(1 for ln in text.splitlines() if ln.startswith("moptd_gpu_temperature"))
     return {
         "rules_added": n_rules,
         "fill": fill,
         "gpus_in_metrics": gpus,
-        "tree": str(tree),
-        "rules_loaded": rules_loaded,
+        "tree": str(arm.tree),
+        "switch_interval": arm.switch_interval,
+        "rules_loaded": metric(text, "moptd_rules_loaded"),
         "rss_mib_first": round(rss[0], 1),
         "rss_mib_last": round(rss[-1], 1),
         "rss_mib_max": round(max(rss), 1),
-        "metrics_p50_ms": round(pct(lat, 0.5), 2),
-        "metrics_p99_ms": round(pct(lat, 0.99), 2),
-        "metrics_p99_after_10s_ms": round(pct(lat[10 * scrapes_per_s :], 0.99), 2),
-        "metrics_max_ms": round(max(lat), 2),
+        **latency_figures(lat, scrapes_per_s),
+        "daemon_cpu_seconds": metric(text, "moptd_daemon_cpu_seconds_total"),
+        "ticks_over_budget": metric(text, "moptd_rule_ticks_over_budget_total"),
         "load1_at_end": os.getloadavg()[0],
     }
 
@@ -285,7 +250,12 @@ def main() -> int:
     ap.add_argument("--history", type=int, default=3600)
     ap.add_argument("--daemon", action="store_true")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent)
+    ap.add_argument("--tree", type=Path, default=REPO, help="--daemon: the tree to run")
+    ap.add_argument("--other", type=Path,
+                    help="--daemon: another tree (a git archive) run alternately with --tree")
+    ap.add_argument("--switch-interval", type=float,
+                    help="--daemon: also run the tree with sys.setswitchinterval(S) at start")
+    ap.add_argument("--rounds", type=int, default=1, help="--daemon: runs of each arm")
     ap.add_argument("--scrapes-per-s", type=int, default=5)
     ap.add_argument("--out", type=Path)
     ap.add_argument(
@@ -297,9 +267,23 @@ def main() -> int:
     runs = [(n, False) for n in args.rules] if not args.fill else [(0, True)]
     if args.fill and args.shipped_too:
         runs = [(0, False), (0, True)]
+    arms = [a if a.name == "other" else replace(a, tree=args.tree)
+            for a in arms_from(args.other, args.switch_interval)]
+    if args.daemon and len(arms) > 1:
+        for n, fill in runs:
+            summary = side_by_side(
+                arms, args.rounds,
+                lambda arm, n=n, fill=fill: daemon(n, args.seconds, arm, args.scrapes_per_s, fill),
+                DAEMON_KEYS,
+            )
+            summary["rules_added"], summary["fill"] = n, fill
+            results.append(summary)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+        return 0
     for n, fill in runs:
         if args.daemon:
-            r = daemon(n, args.seconds, args.tree, args.scrapes_per_s, fill)
+            r = daemon(n, args.seconds, arms[0], args.scrapes_per_s, fill)
         else:
             r = in_process(n, args.ticks, args.history, fill)
         print(json.dumps(r), flush=True)

@@ -121,6 +121,25 @@ SIGNALS = [
         labels=("rule",),
     ),
     SignalSpec(
+        "rules.ticks_over_budget",
+        "counter",
+        "count",
+        "Rule evaluations that ran past rules.tick_budget since moptd started: each left "
+        "the (rule, subject) pairs it had not reached with their last result, and the next "
+        "evaluation began with them.",
+        "node",
+        "moptd_rule_ticks_over_budget_total",
+    ),
+    SignalSpec(
+        "rules.evaluations_deferred",
+        "counter",
+        "count",
+        "(rule, subject) evaluations that an evaluation over rules.tick_budget left for the "
+        "next one, since moptd started.",
+        "node",
+        "moptd_rule_evaluations_deferred_total",
+    ),
+    SignalSpec(
         "remediation.total",
         "counter",
         "count",

@@ -101,7 +101,9 @@ class Daemon:
         self.managed: ManagedProcess | None = managed_process(
             config, _serving_collector(self.runtime), self.runtime.publish
         )
-        self.rules = RuleService(self.store, self.clock, config.rule_paths)
+        self.rules = RuleService(
+            self.store, self.clock, config.rule_paths, tick_budget=config.rule_tick_budget
+        )
         db = FindingsDB(config.state_dir / FILE_NAME)
         for collector, _, _ in self.runtime.collectors.values():
             collector.ctx.positions = db  # the kernel log's place, committed with its events

@@ -100,7 +100,17 @@ async def health(request: web.Request) -> web.Response:
         if store["state"] == "failing" or failing:
             status = "degraded"
         rules = len(d.rules.ruleset.rules)
-        diagnosis = {"ticks": d.ticks, "rules": rules, "rules_failing": failing}
+        diagnosis = {
+            "ticks": d.ticks,
+            "rules": rules,
+            "rules_failing": failing,
+            # rules.tick_budget: the last evaluation ran out of time and left this many
+            # (rule, subject) pairs for the next (they keep their last result meanwhile);
+            # not "degraded": every rule still runs, in turn
+            "tick_budget_seconds": d.rules.tick_budget,
+            "last_tick_deferred": d.rules.last_deferred,
+            "ticks_over_budget": d.rules.ticks_over_budget,
+        }
     body: dict[str, Any] = {
         "status": status,
         "started_at": request.app[STARTED],

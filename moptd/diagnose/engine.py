@@ -14,6 +14,7 @@ the other rules and subjects run as usual, so one bad rule never switches the di
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -144,6 +145,32 @@ def _unchanged(reads: Reads, env: Env) -> bool:
     return True
 
 
+@dataclass(slots=True)
+class Budget:
+    """A time budget for one pass (the daemon's `rules.tick_budget`), and where the pass
+    after it starts.
+
+    The pass walks its (rule, subject) pairs from `start` on, wrapping round, and stops
+    once `seconds` have gone by `clock` (at least one pair is evaluated, so every pass
+    makes progress). The pairs it did not reach are `deferred`: they keep the last pass's
+    result (the caller's to keep; their reuse entries are carried over) and `next_start`
+    is where the next pass begins, so every rule runs in turn however long one pass
+    would take. Positions count pairs in the pass's order; a subject that comes or goes
+    shifts them by one, which moves a turn, not a rule out of it."""
+
+    seconds: float
+    start: int = 0
+    clock: Callable[[], float] = time.perf_counter
+    deferred: list[tuple[str, str]] = field(default_factory=list)  # (rule id, subject)
+    evaluated: int = 0
+    next_start: int = 0
+
+    @property
+    def over(self) -> bool:
+        """The last pass ran out of time and deferred some pairs."""
+        return bool(self.deferred)
+
+
 def evaluate(
     rules: RuleSet | Iterable[Rule],
     store: SignalStore,
@@ -152,6 +179,7 @@ def evaluate(
     traced: Callable[[str, str], bool] | None = None,
     reuse: Reuse | None = None,
     evidence_at: Mapping[str, float] | None = None,
+    budget: Budget | None = None,
 ) -> list[Result]:
     """Every enabled rule on every subject of its scope. A match carries its decision path
     (res.steps); so does a result for which `traced(rule id, subject)` is true (a finding
@@ -160,96 +188,170 @@ def evaluate(
     and the findings read it. With `reuse`, an untraced result whose reads all return what
     they returned in the last pass is that pass's result (see Reuse); the results are the
     same as without. `evidence_at` (replay) reads each namespace's series as of its newest
-    evidence (moptd.diagnose.expr.Env)."""
+    evidence (moptd.diagnose.expr.Env). With `budget`, the pass stops when its time is up
+    (see Budget): the results are those of the pairs it reached, in the usual order."""
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
     kept = reuse.kept if reuse is not None else {}
     keep: dict[tuple[int, str], Kept] = {}
-    out: list[Result] = []
-    for rule in rule_list:
-        if not rule.enabled:
-            continue
-        scope_envs = envs.get(rule.scope)
-        if scope_envs is None:
-            scope_envs = envs[rule.scope] = [
-                Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
-                for subject, pci in subjects_for(rule.scope, store)
-            ]
-        for env in scope_envs:
-            key = (id(rule), env.subject)
-            last = kept.get(key)
-            reads: Reads | None = None
-            stamp: Stamp | None = None
-            res: Result | None = None
-            was_traced = False
-            if (
-                reuse is not None
-                and last is not None
-                and last.result.rule is rule  # an id can be reused after a reload
-                and last.result.pci_bus_id == env.pci_bus_id
-                and last.missing == missing
-                # a result with its path where one is wanted, and without where not: the
-                # same as a full walk gives (a finding that closed drops its trace)
-                and last.traced
-                == (
-                    last.result.status == "match"
-                    or (traced is not None and traced(rule.id, env.subject))
-                )
-            ):
-                if last.stamp.holds(store, now):
-                    # nothing it read can have changed: the entry stands as it is
-                    reuse.reused += 1
-                    reuse.unread += 1
-                    keep[key] = last
-                    out.append(last.result)
-                    continue
-                env.stamp = Stamp()
-                try:
-                    if _unchanged(last.reads, env):
-                        res, reads, stamp = last.result, last.reads, env.stamp
-                        was_traced = last.traced
-                        reuse.reused += 1
-                finally:
-                    env.stamp = None
-            if res is None:
-                if reuse is not None:
-                    reads = env.reads = []
-                    stamp = env.stamp = Stamp()
-                try:
-                    res = _isolated(rule, env, trace=False)
-                finally:
-                    env.reads = None
-                    env.stamp = None
-            if res.status == "error":
-                # Never kept for reuse: it runs again each pass, so a recovery shows at once
-                # and an exception that does not follow from the reads (RecursionError at
-                # another stack depth) is not frozen in.
-                out.append(res)
+
+    timed = budget is not None
+    clock = time.perf_counter if budget is None else budget.clock
+    first = pos = done = 0
+    deadline = 0.0
+    stopped = False  # the budget ran out
+    if budget is not None:
+        total = sum(
+            len(_envs(envs, rule.scope, store, now, missing, memo, evidence_at))
+            for rule in rule_list
+            if rule.enabled
+        )
+        first = budget.start % total if total else 0
+        deadline = clock() + budget.seconds
+    laps: list[list[Result]] = [[], []]
+    for lap in (0, 1) if timed and first else (0,):
+        out = laps[lap]
+        pos = -1
+        for rule in rule_list:
+            if not rule.enabled:
                 continue
-            if not was_traced and (
-                res.status == "match" or (traced is not None and traced(rule.id, env.subject))
-            ):
-                # again, recording the path and the evidence (reads are memoised), and what
-                # that read too: a match whose reads stand is taken whole next pass
-                if reuse is not None:
-                    reads = env.reads = []
-                    stamp = env.stamp = Stamp()
-                try:
-                    res = _isolated(rule, env)
-                finally:
-                    env.reads = None
-                    env.stamp = None
-                was_traced = True
+            scope_envs = envs.get(rule.scope)
+            if scope_envs is None:
+                scope_envs = _envs(envs, rule.scope, store, now, missing, memo, evidence_at)
+            for env in scope_envs:
+                if timed:
+                    pos += 1
+                    if pos < first if lap == 0 else pos >= first:
+                        continue  # lap 0 walks [first, n), lap 1 [0, first)
+                    if done and clock() >= deadline:
+                        stopped = True
+                        break
+                    done += 1
+                key = (id(rule), env.subject)
+                last = kept.get(key)
+                reads: Reads | None = None
+                stamp: Stamp | None = None
+                res: Result | None = None
+                was_traced = False
+                if (
+                    reuse is not None
+                    and last is not None
+                    and last.result.rule is rule  # an id can be reused after a reload
+                    and last.result.pci_bus_id == env.pci_bus_id
+                    and last.missing == missing
+                    # a result with its path where one is wanted, and without where not: the
+                    # same as a full walk gives (a finding that closed drops its trace)
+                    and last.traced
+                    == (
+                        last.result.status == "match"
+                        or (traced is not None and traced(rule.id, env.subject))
+                    )
+                ):
+                    if last.stamp.holds(store, now):
+                        # nothing it read can have changed: the entry stands as it is
+                        reuse.reused += 1
+                        reuse.unread += 1
+                        keep[key] = last
+                        out.append(last.result)
+                        continue
+                    env.stamp = Stamp()
+                    try:
+                        if _unchanged(last.reads, env):
+                            res, reads, stamp = last.result, last.reads, env.stamp
+                            was_traced = last.traced
+                            reuse.reused += 1
+                    finally:
+                        env.stamp = None
+                if res is None:
+                    if reuse is not None:
+                        reads = env.reads = []
+                        stamp = env.stamp = Stamp()
+                    try:
+                        res = _isolated(rule, env, trace=False)
+                    finally:
+                        env.reads = None
+                        env.stamp = None
                 if res.status == "error":
+                    # Never kept for reuse: it runs again each pass, so a recovery shows at once
+                    # and an exception that does not follow from the reads (RecursionError at
+                    # another stack depth) is not frozen in.
                     out.append(res)
                     continue
-            if reads is not None and stamp is not None:
-                keep[key] = Kept(res, reads, stamp, missing, was_traced)
-            out.append(res)
+                if not was_traced and (
+                    res.status == "match" or (traced is not None and traced(rule.id, env.subject))
+                ):
+                    # again, recording the path and the evidence (reads are memoised), and what
+                    # that read too: a match whose reads stand is taken whole next pass
+                    if reuse is not None:
+                        reads = env.reads = []
+                        stamp = env.stamp = Stamp()
+                    try:
+                        res = _isolated(rule, env)
+                    finally:
+                        env.reads = None
+                        env.stamp = None
+                    was_traced = True
+                    if res.status == "error":
+                        out.append(res)
+                        continue
+                if reads is not None and stamp is not None:
+                    keep[key] = Kept(res, reads, stamp, missing, was_traced)
+                out.append(res)
+            if stopped:
+                break
+        if stopped:
+            break
+    out = laps[1] + laps[0] if timed else laps[0]
+    if budget is not None:
+        _account(budget, rule_list, envs, first, done, kept, keep)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
     return out
+
+
+def _envs(
+    envs: dict[str, list[Env]],
+    scope: str,
+    store: SignalStore,
+    now: float,
+    missing: frozenset[str],
+    memo: dict[tuple[object, ...], object],
+    evidence_at: Mapping[str, float] | None,
+) -> list[Env]:
+    """One Env per subject of the scope, made once a pass and shared by its rules."""
+    scope_envs = envs.get(scope)
+    if scope_envs is None:
+        scope_envs = envs[scope] = [
+            Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
+            for subject, pci in subjects_for(scope, store)
+        ]
+    return scope_envs
+
+
+def _account(
+    budget: Budget,
+    rule_list: Iterable[Rule],
+    envs: dict[str, list[Env]],
+    first: int,
+    done: int,
+    kept: Mapping[tuple[int, str], Kept],
+    keep: dict[tuple[int, str], Kept],
+) -> None:
+    """After a budgeted pass: what it reached, where the next starts, the pairs it left
+    (their reuse entries carried over for the next pass)."""
+    pairs = [(rule, env) for rule in rule_list if rule.enabled for env in envs[rule.scope]]
+    n = len(pairs)
+    budget.evaluated = done
+    budget.next_start = (first + done) % n if n else 0
+    budget.deferred = []
+    for k in range(done, n):
+        rule, env = pairs[(first + k) % n]
+        budget.deferred.append((rule.id, env.subject))
+        key = (id(rule), env.subject)
+        last = kept.get(key)
+        if last is not None and last.result.rule is rule:
+            keep[key] = last  # not reached: its entry stands for the next pass
 
 
 def _isolated(rule: Rule, env: Env, trace: bool = True) -> Result:

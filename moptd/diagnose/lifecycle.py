@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from moptd.diagnose.codes import CODES
@@ -54,9 +55,14 @@ class Lifecycle:
         results: Iterable[Result],
         now: float,
         evidence_until: Callable[[Result], float] | None = None,
+        deferred: AbstractSet[Key] = frozenset(),
     ) -> list[Transition]:
+        """`deferred`: (rule, subject) pairs this evaluation did not reach (its time budget
+        ran out): their findings stay as they are, and a rule with such a pair keeps its
+        RULE_EVALUATION_FAILED finding unless it raised again."""
         out: list[Transition] = []
-        seen: set[Key] = set()
+        seen: set[Key] = set(deferred)
+        deferred_rules = {rule for rule, _ in deferred}
         failing: dict[str, list[Result]] = {}
         for res in results:
             key = (res.rule.id, res.subject)
@@ -75,7 +81,11 @@ class Lifecycle:
             seen.add(key)
             out.extend(self._holds(key, self.findings.get(key), res, now))
         for key, f in list(self.findings.items()):
-            if key[0].startswith(FAILED_PREFIX) and key[0][len(FAILED_PREFIX) :] not in failing:
+            rid = key[0][len(FAILED_PREFIX) :]
+            if key[0].startswith(FAILED_PREFIX) and rid not in failing:
+                if rid in deferred_rules:
+                    seen.add(key)
+                    continue
                 seen.add(key)
                 out.extend(self._clears(key, f, 0.0, now))
         for key in [k for k in self.findings if k not in seen]:

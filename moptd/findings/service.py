@@ -6,6 +6,14 @@ to the kernel log shows as a finding within milliseconds, whatever the interval.
 evaluation is the whole rule set, but the engine's reuse (moptd.diagnose.engine.Reuse)
 walks again only the rules whose reads changed: in effect, the rules the event can change.
 A burst of events costs one evaluation per EVENT_GAP, not one per slice of records.
+
+The evaluation runs in a worker thread, so the event loop goes on serving /metrics and
+the API while it runs. Meanwhile the store is held (SignalStore.hold: the collectors'
+writes wait, in order, and apply when it ends), and everything that changes what the API
+reads (the lifecycle, the links, the findings database, the event stream, the listeners)
+happens back on the loop. One tick or one reload is in force at a time (`_tick_lock`), so
+a reload never swaps the rules under an evaluation. The evaluation has a time budget
+(rules.tick_budget, RuleService.compute): past it, the rest waits for the next tick.
 """
 
 from __future__ import annotations
@@ -102,6 +110,9 @@ class Diagnosis:
         self.listeners = listeners if listeners is not None else []
         self._wake = asyncio.Event()
         self._reload_lock = asyncio.Lock()
+        # a tick (evaluation and apply) or a reload's put-in-force, never both at once
+        self._tick_lock = asyncio.Lock()
+        self.evaluating = False  # an evaluation is running in the worker thread
         self._task: asyncio.Task[None] | None = None
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.ticks = 0
@@ -197,7 +208,7 @@ class Diagnosis:
                     self._ahead = None
             self._wake.clear()
             try:
-                self.tick()
+                await self.tick_off_loop()
             except Exception:
                 log.exception("rule evaluation failed")
             if self._ahead is not None and self._ahead <= self.rules.clock.now():
@@ -208,8 +219,27 @@ class Diagnosis:
                 next_prune = loop.time() + self.prune_interval
                 self.db.prune()
 
+    async def tick_off_loop(self, now: float | None = None) -> list[dict[str, Any]]:
+        """One evaluation as the daemon runs it: the rules are evaluated in a worker thread
+        over the held store, the rest on the loop; returns the transitions as stored."""
+        async with self._tick_lock:
+            if self.before_tick is not None:
+                self.before_tick()
+            t = self.rules.clock.now() if now is None else now
+            with self.store.hold():
+                self.evaluating = True
+                try:
+                    ev = await _in_thread(self.rules.compute, t, self.rules.open_keys())
+                finally:
+                    self.evaluating = False
+                # on the loop, still over the store the evaluation saw (links read it)
+                transitions = self.rules.apply(ev)
+            # the writes held meanwhile are in now; then the rules' own samples
+            return self._after(transitions)[1]
+
     def tick(self, now: float | None = None) -> list[dict[str, Any]]:
-        """One evaluation; returns the transitions as stored (plain records)."""
+        """One evaluation, all on the calling thread (tests); returns the transitions as
+        stored (plain records)."""
         return self._step(now)[1]
 
     def evaluate(self, now: float | None = None) -> list[Transition]:
@@ -219,7 +249,12 @@ class Diagnosis:
     def _step(self, now: float | None) -> tuple[list[Transition], list[dict[str, Any]]]:
         if self.before_tick is not None:
             self.before_tick()
-        transitions = self.rules.tick(now)
+        return self._after(self.rules.tick(now))
+
+    def _after(
+        self, transitions: list[Transition]
+    ) -> tuple[list[Transition], list[dict[str, Any]]]:
+        """What follows an evaluation, on the loop: persist, publish, tell listeners."""
         self.ticks += 1
         records = self._persist(transitions)
         self.store.ingest("rules", self.rules.findings_batch())
@@ -257,10 +292,11 @@ class Diagnosis:
         # putting an older version of the files in force after a newer one.
         async with self._reload_lock:
             loaded = await asyncio.to_thread(load_rules, list(self.rules.rule_paths))
-            dropped = self.rules.put_in_force(loaded)
-            if loaded.errors:
-                return [str(e) for e in loaded.errors]
-            self._persist(dropped)
+            async with self._tick_lock:  # not under an evaluation that reads the rules
+                dropped = self.rules.put_in_force(loaded)
+                if loaded.errors:
+                    return [str(e) for e in loaded.errors]
+                self._persist(dropped)
             log.info(
                 "reloaded %d rules from %d files",
                 len(loaded.ruleset.rules),
@@ -311,6 +347,24 @@ class Diagnosis:
             self._subscribers.discard(q)
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait({})
+
+
+# No sys.setswitchinterval here. The evaluation thread holds the GIL up to the switch
+# interval (5 ms) before the loop gets it back, so a shorter one could cut a /metrics that
+# arrives mid-tick; measured side by side (BENCHMARKS.md, "The rule tick off the event
+# loop"), 1 ms left the p99 after the first 10 s where it was under the hostile endpoint
+# (9.2 against 8.6 ms) and under the costliest rule set (7.1 against 6.7 ms), and costs
+# every thread more switches. Kept out until a quiet host shows it helps.
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a worker thread. A cancelled caller (the daemon stopping) still waits
+    for the thread to end: it reads the store, which must stay held until it has."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 def build_diagnosis(

@@ -3,6 +3,18 @@ latest snapshot each source produced.
 
 It is written by one party at a time (the event loop), read by the exporter, the rule
 engine and the API. It does no I/O and takes its time from an injectable clock.
+
+The daemon's rule evaluation reads it from a worker thread while the loop goes on serving
+(moptd.findings.service). For that while the store is *held* (`hold()`): every write
+(`ingest`, `record`, `add_events`, `drop_source`, `evict`) is queued, with the time it was
+made, and applied in order when the hold ends; the thread sees the store exactly as it was
+when the evaluation began. Event listeners are told at once, in order, as without a hold:
+they read nothing of the store, and the findings database's listener must have queued an
+event's row before the kernel-log collector queues the position after it (a position
+committed ahead of its events would skip them after a SIGKILL). No read writes anything a reader on
+another thread could see half done: the caches they fill (subjects, a signal's subjects)
+are whole values set in one assignment, and asking for a stream that does not exist makes
+no stream (`events`).
 """
 
 from __future__ import annotations
@@ -10,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -138,6 +151,40 @@ class SignalStore:
         # Called with each group of events as it is added (the findings database keeps
         # every kernel/NVML event); a callback must be quick and must not raise.
         self.event_listeners: list[Callable[[list[Event]], None]] = []
+        # While held (a rule evaluation reads the store from another thread): the writes
+        # made meanwhile, in order, each a call with its time fixed when it was made.
+        self._queued: list[Callable[[], object]] | None = None
+        self._no_events = EventLog(max_events)  # what events() gives for an unknown stream
+
+    # --- holding writes while another thread reads ---
+
+    @property
+    def held(self) -> bool:
+        return self._queued is not None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Queue every write until the block ends, then apply them in order (event
+        listeners are still told at once). Not reentrant: one evaluation holds it."""
+        if self._queued is not None:
+            raise RuntimeError("the store is already held")
+        self._queued = []
+        try:
+            yield
+        finally:
+            queued, self._queued = self._queued, None
+            failed: Exception | None = None
+            for write in queued:
+                try:
+                    write()
+                except Exception as exc:  # noqa: BLE001 - the writes after it still apply
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
+
+    def queued(self) -> int:
+        """Writes waiting for the hold to end (0 when not held)."""
+        return 0 if self._queued is None else len(self._queued)
 
     # --- writing ---
 
@@ -145,12 +192,19 @@ class SignalStore:
         """Record a source's pass. Its snapshot is replaced whole, so subjects that left
         (a GPU that fell off, a process that exited) leave the exporter's view too."""
         now = self.clock.now() if t is None else t
+        if self._queued is not None:
+            self._notify(batch.events)
+            self._queued.append(lambda: self._ingest(source, batch, now, notify=False))
+            return
+        self._ingest(source, batch, now)
+
+    def _ingest(self, source: str, batch: Batch, now: float, notify: bool = True) -> None:
         kept = [s for s in batch.samples if self._record(s, now, source)]
         if len(kept) != len(batch.samples):
             # the exporter shows what the store holds: a refused series is not exported
             # either, so /metrics stays as bounded as the store
             batch = replace(batch, samples=kept)
-        self.add_events(batch.events)
+        self._add_events(list(batch.events), notify)
         for subject, attrs in batch.attrs.items():
             known = self._attrs.get(subject)
             if known is None:
@@ -164,8 +218,13 @@ class SignalStore:
 
     def record(self, sample: Sample, t: float | None = None, source: str = "") -> bool:
         """Record one sample; False when it would be a new series past the source's
-        ``max_series`` (it is dropped and counted in ``series_dropped``)."""
-        return self._record(sample, self.clock.now() if t is None else t, source)
+        ``max_series`` (it is dropped and counted in ``series_dropped``). While the store
+        is held it is queued and True: whether it is admitted is decided when it applies."""
+        now = self.clock.now() if t is None else t
+        if self._queued is not None:
+            self._queued.append(lambda: self._record(sample, now, source))
+            return True
+        return self._record(sample, now, source)
 
     def _admit(self, key: SeriesKey, source: str) -> bool:
         held = self._held.get(source, 0)
@@ -212,22 +271,40 @@ class SignalStore:
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
+        if self._queued is not None:
+            if added:
+                self._notify(added)
+                self._queued.append(lambda: self._add_events(added, notify=False))
+            return
+        self._add_events(added)
+
+    def _notify(self, events: list[Event]) -> None:
+        if events:
+            for listener in self.event_listeners:
+                listener(events)
+
+    def _add_events(self, added: list[Event], notify: bool = True) -> None:
         for ev in added:
             log = self._events.get(ev.stream)
             if log is None:
                 log = self._events[ev.stream] = EventLog(self.max_events)
             log.append(ev)
-        if added:
-            for listener in self.event_listeners:
-                listener(added)
+        if notify:
+            self._notify(added)
 
     def drop_source(self, source: str) -> None:
         """A failed source's values leave the snapshot: stale numbers mislead more than
         absent ones. Its history stays for the rules."""
+        if self._queued is not None:
+            self._queued.append(lambda: self.drop_source(source))
+            return
         if self._current.pop(source, None) is not None:
             self.version += 1
 
     def evict(self, now: float) -> None:
+        if self._queued is not None:
+            self._queued.append(lambda: self.evict(now))
+            return
         horizon = now - self.retention
         for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
             del self._series[key]
@@ -324,10 +401,11 @@ class SignalStore:
         return list(self._events)
 
     def events(self, stream: str) -> EventLog:
+        """The stream's log; for a stream never written, one empty log shared by all of
+        them (read it, never append to it): a read makes no stream (another thread may be
+        walking `streams()` meanwhile), and rules ask for absent streams every tick."""
         log = self._events.get(stream)
-        if log is None:
-            log = self._events[stream] = EventLog(self.max_events)
-        return log
+        return self._no_events if log is None else log
 
     def count_events(
         self,
