@@ -245,18 +245,18 @@ def _own_server(managed: Any, state_dir: Path | None) -> str:
     the port is in use as it should be, not a conflict): its systemd unit, or the process
     group a running moptd recorded when it started it. "" when anything else holds it."""
     from moptd.proc.listeners import port_held_by_unit, port_holders
-    from moptd.serving import orphan
-    from moptd.serving.systemd import unit_name
+    from moptd.serving import managed_record
+    from moptd.serving.spec import unit_name
 
     if managed.backend == "systemd":
         unit = unit_name(managed.name)
         return f"the running {unit}" if port_held_by_unit(managed.port, unit) else ""
     if state_dir is None:
         return ""
-    rec = orphan.read_record(Path(state_dir) / "serving" / managed.name)
+    rec = managed_record.read_record(Path(state_dir) / "serving" / managed.name)
     if rec is None:
         return ""
-    members = set(orphan.group_members(rec))
+    members = set(managed_record.group_members(rec))
     holders = port_holders(managed.port)
     if not members or not holders or any(h.pid not in members for h in holders):
         return ""

@@ -285,3 +285,8 @@ def model_of(command: tuple[str, ...]) -> str | None:
         if i + 1 < len(command) and not command[i + 1].startswith("-"):
             return command[i + 1]
     return None
+
+
+def unit_name(name: str) -> str:
+    """The systemd unit that runs managed server `name` with backend systemd."""
+    return f"moptd-serving@{name}.service"

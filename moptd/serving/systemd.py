@@ -33,7 +33,7 @@ from moptd.serving.logsource import (
     log_events,
 )
 from moptd.serving.prestart import prestart_gates
-from moptd.serving.spec import Managed
+from moptd.serving.spec import Managed, unit_name
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ SHOW_PROPERTIES = (
     "Result",
     "ExecMainStartTimestamp",
 )
-
-
-def unit_name(name: str) -> str:
-    return f"moptd-serving@{name}.service"
 
 
 def systemctl_argv(action: str, name: str) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moptd.serving import orphan
+from moptd.serving import managed_record, orphan
 from tests.daemon_proc import DaemonProcess
 from tests.faults.conftest import api_get, start_daemon
 from tests.faults.test_serving_faults import daemon_config, managed
@@ -39,7 +39,7 @@ def servers(port: int) -> list[int]:
             continue
         try:
             argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            state = orphan.stat_fields(int(name))
+            state = managed_record.stat_fields(int(name))
         except OSError:
             continue
         if state is None or state[0] == "Z":
@@ -143,21 +143,21 @@ def own_group_sleeper() -> subprocess.Popen[bytes]:
 
 def write(state_dir: Path, pid: int, ticks: int, pgid: int) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
-    body = {"pid": pid, "start_ticks": ticks, "pgid": pgid, "boot_id": orphan.boot_id()}
-    (state_dir / orphan.RECORD_NAME).write_text(json.dumps(body))
+    body = {"pid": pid, "start_ticks": ticks, "pgid": pgid, "boot_id": managed_record.boot_id()}
+    (state_dir / managed_record.RECORD_NAME).write_text(json.dumps(body))
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path):
     other = own_group_sleeper()
     try:
-        ticks = orphan.start_ticks(other.pid)
+        ticks = managed_record.start_ticks(other.pid)
         assert ticks is not None
         # the record's process started earlier than the one that has its pid now
         write(tmp_path, other.pid, ticks - 1, other.pid)
         assert orphan.stop_orphan(tmp_path, grace=1.0) == ""
         time.sleep(0.2)
         assert other.poll() is None, "a process that merely reused the pid was signalled"
-        assert not (tmp_path / orphan.RECORD_NAME).exists()
+        assert not (tmp_path / managed_record.RECORD_NAME).exists()
     finally:
         other.kill()
         other.wait()
@@ -169,10 +169,10 @@ def test_a_recorded_orphan_is_stopped_with_its_group(tmp_path):
         rec = orphan.write_record(tmp_path, leader.pid)
         assert rec is not None
         assert rec.pgid == leader.pid
-        assert orphan.group_members(rec) == [leader.pid]
+        assert managed_record.group_members(rec) == [leader.pid]
         assert orphan.stop_orphan(tmp_path, grace=2.0) == ""
         assert leader.wait(5) == -signal.SIGTERM
-        assert not (tmp_path / orphan.RECORD_NAME).exists()
+        assert not (tmp_path / managed_record.RECORD_NAME).exists()
     finally:
         if leader.poll() is None:
             leader.kill()
@@ -182,9 +182,9 @@ def test_a_recorded_orphan_is_stopped_with_its_group(tmp_path):
 def test_a_record_from_another_boot_or_unreadable_is_not_trusted(tmp_path):
     other = own_group_sleeper()
     try:
-        ticks = orphan.start_ticks(other.pid)
+        ticks = managed_record.start_ticks(other.pid)
         assert ticks is not None
-        (tmp_path / orphan.RECORD_NAME).write_text(
+        (tmp_path / managed_record.RECORD_NAME).write_text(
             json.dumps(
                 {
                     "pid": other.pid,
@@ -195,7 +195,7 @@ def test_a_record_from_another_boot_or_unreadable_is_not_trusted(tmp_path):
             )
         )
         assert orphan.stop_orphan(tmp_path, grace=1.0) == ""
-        (tmp_path / orphan.RECORD_NAME).write_text("{not json")
+        (tmp_path / managed_record.RECORD_NAME).write_text("{not json")
         assert orphan.stop_orphan(tmp_path, grace=1.0) == ""
         time.sleep(0.2)
         assert other.poll() is None
@@ -214,8 +214,8 @@ def test_any_proc_stat_text_parses_or_is_refused(tmp_path, raw):
     proc = tmp_path / "proc"
     (proc / "7").mkdir(parents=True, exist_ok=True)
     (proc / "7" / "stat").write_bytes(raw)
-    fields = orphan.stat_fields(7, proc)
-    ticks = orphan.start_ticks(7, proc)
+    fields = managed_record.stat_fields(7, proc)
+    ticks = managed_record.start_ticks(7, proc)
     assert fields is None or b")" in raw
     assert ticks is None or isinstance(ticks, int)
 
@@ -226,8 +226,8 @@ def test_a_command_name_with_parentheses_does_not_shift_the_fields(tmp_path):
     # the layout of a real /proc/PID/stat (proc(5)), with a command name built to mislead
     rest = "S 1 9 9 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 1000 10"
     (proc / "9" / "stat").write_text(f"9 (a) 1 2 3 (b) {rest}")
-    assert orphan.start_ticks(9, proc) == 123456
-    assert orphan.stat_fields(9, proc)[:4] == ["S", "1", "9", "9"]
+    assert managed_record.start_ticks(9, proc) == 123456
+    assert managed_record.stat_fields(9, proc)[:4] == ["S", "1", "9", "9"]
 
 
 def test_an_orphan_that_cannot_be_signalled_refuses_the_start(tmp_path, monkeypatch):
@@ -246,7 +246,7 @@ def test_an_orphan_that_cannot_be_signalled_refuses_the_start(tmp_path, monkeypa
         assert f"pid {leader.pid}" in gate.reason
         assert "cannot be stopped" in gate.reason
         assert leader.poll() is None
-        assert (tmp_path / orphan.RECORD_NAME).exists()
+        assert (tmp_path / managed_record.RECORD_NAME).exists()
     finally:
         leader.kill()
         leader.wait()
