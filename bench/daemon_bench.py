@@ -85,7 +85,10 @@ class Daemon:
         self.proc = subprocess.Popen(
             [*cmd, "run", "--config", str(tmp / "moptd.yaml")],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=arm.tree,
-            env={**os.environ, "PYTHONPATH": str(arm.tree)},
+            # the arm's tree first; what PYTHONPATH held stays after it (a host without
+            # moptd's dependencies installed brings them on PYTHONPATH)
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(arm.tree), os.environ.get("PYTHONPATH", "")) if p)},
         )
 
     def wait_up(self, timeout: float = 30.0) -> None:

@@ -35,7 +35,7 @@ from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
 from moptd.gpu.backend import NvmlBackend
-from moptd.gpu.batch import FastSamples, add_ages, add_fast, add_profile, add_slow, add_static
+from moptd.gpu.batch import add_ages, add_fast, add_profile, add_slow, add_static
 from moptd.gpu.readings import (
     BackendUnavailable,
     FastReading,
@@ -49,7 +49,7 @@ from moptd.gpu.readings import (
 )
 from moptd.gpu.recorded import RecordedBackend
 from moptd.kernel.xid_tally import NVML, XidTally
-from moptd.observations import NODE, Batch, Event, gpu_subject
+from moptd.observations import NODE, Batch, Event, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
 from moptd.worker import Worker
 
@@ -76,7 +76,7 @@ class _GpuState:
     # The samples of the static, slow and profile readings, built once per new reading: they are
     # re-sent every tick (the store replaces a source's snapshot whole) but change rarely.
     static_batch: Batch = field(default_factory=Batch)
-    fast_samples: FastSamples = field(default_factory=FastSamples)  # reused while unchanged
+    fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
     slow_batch: Batch = field(default_factory=Batch)
     profile_batch: Batch = field(default_factory=Batch)
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read

@@ -4,7 +4,6 @@ live collector, the recorded backend and the nvidia-smi dump readers agree exact
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Mapping
 
 from moptd.catalog import CATALOG
@@ -17,7 +16,7 @@ from moptd.gpu.readings import (
     SlowReading,
     StaticReading,
 )
-from moptd.observations import Batch, Sample, gpu_subject, labels_of
+from moptd.observations import Batch, Labels, Sample, gpu_subject, labels_of
 
 # The identity fields become attributes and gpu.info labels; the rest are derived below.
 _IDENTITY = ("index", "uuid", "pci_bus_id", "name", "serial", "vbios", "driver_version")
@@ -76,66 +75,43 @@ def add_static(batch: Batch, r: StaticReading) -> None:
 
 
 # Label tuples built once: the fast tier runs every tick on every GPU.
-_REASON_LABELS = tuple((bit, labels_of(reason=reason)) for bit, reason in CLOCK_EVENT_REASONS)
+_REASON_LABELS = tuple(
+    (bit, f"reason:{reason}", labels_of(reason=reason)) for bit, reason in CLOCK_EVENT_REASONS
+)
 _FAST_SIGNALS = tuple((f, f"gpu.{f}") for f in _FAST_FIELDS)
 _TIER_LABELS = {
     t: labels_of(tier=t) for t in ("static", "fast", "slow", "costly", "energy", "profile")
 }
 
 
-class FastSamples:
-    """One GPU's fast-tier samples, kept between ticks by the caller (add_fast's `reuse`).
-
-    The fast tier is built every tick of every GPU, and it runs cold (once a second): on the
-    GPU host building it cost about as much as the NVML reads (bench/nvml_overhead.py). Most
-    fast values hold still from tick to tick, so the values are taken in one C call and
-    compared as a tuple; only the samples of values that changed are built again, and an
-    unchanged clock-event mask reuses its 1 + len(CLOCK_EVENT_REASONS) samples whole."""
-
-    __slots__ = ("mask", "mask_samples", "present", "samples", "values")
-
-    def __init__(self) -> None:
-        self.values: tuple[float | None, ...] = ()
-        self.samples: list[Sample | None] = []  # by field, None where the value is
-        self.present: list[Sample] = []  # the same without the Nones
-        self.mask: int | None = None
-        self.mask_samples: list[Sample] = []
-
-
-assert len(_FAST_FIELDS) > 1  # attrgetter of one name returns the value, not a tuple
-_FAST_VALUES = operator.attrgetter(*_FAST_FIELDS)
-
-
-def add_fast(batch: Batch, index: int, r: FastReading, reuse: FastSamples | None = None) -> None:
+def add_fast(
+    batch: Batch, index: int, r: FastReading, reuse: dict[str, Sample] | None = None
+) -> None:
     """The fast tier's samples. With ``reuse`` (kept per GPU by the caller), a sample whose
-    value did not change since the last tick is the same object."""
-    cache = FastSamples() if reuse is None else reuse
+    value did not change since the last tick is the same object: most fast values hold
+    still from tick to tick, and building a sample costs more than comparing one."""
+    subject = gpu_subject(index)
     out = batch.samples
-    values: tuple[float | None, ...] = _FAST_VALUES(r)
-    if values != cache.values:
-        subject = gpu_subject(index)
-        old = cache.values if len(cache.values) == len(values) else (None,) * len(values)
-        kept: list[Sample | None] = cache.samples or [None] * len(values)
-        for i, (v, was) in enumerate(zip(values, old, strict=True)):
-            if v is None:
-                kept[i] = None
-            elif v != was or kept[i] is None:
-                kept[i] = Sample(_FAST_SIGNALS[i][1], subject, float(v), ())
-        cache.values, cache.samples = values, kept
-        cache.present = [s for s in kept if s is not None]
-    out.extend(cache.present)
-    mask = r.clock_event_reasons
-    if mask is None:
-        return
-    if mask != cache.mask:
-        subject = gpu_subject(index)
-        cache.mask = mask
-        cache.mask_samples = [Sample("gpu.clock_event_reasons", subject, float(mask), ())]
-        cache.mask_samples.extend(
-            Sample("gpu.clock_event_active", subject, 1.0 if mask & bit else 0.0, labels)
-            for bit, labels in _REASON_LABELS
-        )
-    out.extend(cache.mask_samples)
+    cache: dict[str, Sample] = {} if reuse is None else reuse
+    for f, signal in _FAST_SIGNALS:
+        v = getattr(r, f)
+        if v is not None:
+            out.append(_sample(cache, signal, signal, subject, float(v), ()))
+    if r.clock_event_reasons is not None:
+        mask = r.clock_event_reasons
+        out.append(_sample(cache, "reasons", "gpu.clock_event_reasons", subject, float(mask), ()))
+        for bit, key, labels in _REASON_LABELS:
+            value = 1.0 if mask & bit else 0.0
+            out.append(_sample(cache, key, "gpu.clock_event_active", subject, value, labels))
+
+
+def _sample(
+    cache: dict[str, Sample], key: str, signal: str, subject: str, value: float, labels: Labels
+) -> Sample:
+    s = cache.get(key)
+    if s is None or s.value != value:
+        s = cache[key] = Sample(signal, subject, value, labels)
+    return s
 
 
 def add_slow(batch: Batch, index: int, r: SlowReading) -> None:
@@ -234,7 +210,7 @@ def gpu_batch(
     fast: FastReading | None,
     slow: SlowReading | None,
     ages: Mapping[str, float] | None = None,
-    reuse: FastSamples | None = None,
+    reuse: dict[str, Sample] | None = None,
     profile: ProfileReading | None = None,
 ) -> Batch:
     """All samples of one GPU, as the NVML collector makes them (gpu.lost = 0); ``reuse``

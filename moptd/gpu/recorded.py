@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from moptd.gpu.backend import GPM_METRICS, NvmlBackend
-from moptd.gpu.batch import FastSamples, add_fast, add_profile, add_slow, gpu_batch
+from moptd.gpu.batch import add_fast, add_profile, add_slow, gpu_batch
 from moptd.gpu.nvsmi import read_dump
 from moptd.gpu.readings import (
     NVLINK_MAPPINGS,
@@ -68,7 +68,7 @@ from moptd.gpu.readings import (
     split_costly,
 )
 from moptd.located import LocatedError
-from moptd.observations import Batch, gpu_subject
+from moptd.observations import Batch, Sample, gpu_subject
 from moptd.proc.pci import pci_key
 
 FORMAT = "moptd-nvml-recording/2"
@@ -614,7 +614,7 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
     profile: dict[int, ProfileReading] = {}
     # One sample cache per GPU, as the live collector keeps: a fast value that holds still
     # from row to row is the same Sample object, which costs less to build and to store.
-    reuse: dict[int, FastSamples] = {}
+    reuse: dict[int, dict[str, Sample]] = {}
     out: list[tuple[float, Batch]] = []
     for e in rec.entries:
         if e.fault == "lost":
@@ -629,7 +629,7 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
             profile[e.gpu] = e.reading
         elif isinstance(e.reading, FastReading):
             st = static.get(e.gpu)
-            cache = reuse.setdefault(e.gpu, FastSamples())
+            cache = reuse.setdefault(e.gpu, {})
             prof = profile.get(e.gpu)
             if st is not None:
                 out.append(
@@ -645,7 +645,7 @@ def read_samples(path: Path) -> list[tuple[float, Batch]]:
 
 
 def _unidentified_batch(
-    index: int, fast: FastReading, slow: SlowReading | None, reuse: FastSamples
+    index: int, fast: FastReading, slow: SlowReading | None, reuse: dict[str, Sample]
 ) -> Batch:
     """gpu_batch without the static part: no identity to describe (empty attributes would
     overwrite what a bundle's dumps say of the GPU)."""
@@ -704,10 +704,10 @@ class SampleRows:
 
     def __iter__(self) -> Iterator[tuple[float, Batch]]:
         self._file.seek(0)
-        reuse: dict[int, FastSamples] = {}  # as read_samples: one cache per GPU
+        reuse: dict[int, dict[str, Sample]] = {}  # as read_samples: one cache per GPU
         for lineno, s in _objects(_decoded(self._file, self.path), self.path, _NOT_A_ROW):
             t, gpu, fast, slow = _row(s, lineno, self.path)
-            yield t, _unidentified_batch(gpu, fast, slow, reuse.setdefault(gpu, FastSamples()))
+            yield t, _unidentified_batch(gpu, fast, slow, reuse.setdefault(gpu, {}))
 
 
 def _decoded(fh: BinaryIO, path: Path) -> Iterator[str]:
