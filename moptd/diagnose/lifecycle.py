@@ -83,11 +83,9 @@ class Lifecycle:
         for key, f in list(self.findings.items()):
             rid = key[0][len(FAILED_PREFIX) :]
             if key[0].startswith(FAILED_PREFIX) and rid not in failing:
-                if rid in deferred_rules:
-                    seen.add(key)
-                    continue
                 seen.add(key)
-                out.extend(self._clears(key, f, 0.0, now))
+                if rid not in deferred_rules:
+                    out.extend(self._clears(key, f, 0.0, now))
         for key in [k for k in self.findings if k not in seen]:
             f = self.findings[key]
             if f.state == "pending":

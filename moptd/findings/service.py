@@ -112,7 +112,6 @@ class Diagnosis:
         self._reload_lock = asyncio.Lock()
         # a tick (evaluation and apply) or a reload's put-in-force, never both at once
         self._tick_lock = asyncio.Lock()
-        self.evaluating = False  # an evaluation is running in the worker thread
         self._task: asyncio.Task[None] | None = None
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.ticks = 0
@@ -227,11 +226,7 @@ class Diagnosis:
                 self.before_tick()
             t = self.rules.clock.now() if now is None else now
             with self.store.hold():
-                self.evaluating = True
-                try:
-                    ev = await _in_thread(self.rules.compute, t, self.rules.open_keys())
-                finally:
-                    self.evaluating = False
+                ev = await _in_thread(self.rules.compute, t, self.rules.open_keys())
                 # on the loop, still over the store the evaluation saw (links read it)
                 transitions = self.rules.apply(ev)
             # the writes held meanwhile are in now; then the rules' own samples

@@ -21,11 +21,8 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-from aiohttp import web
 
 from moptd.clock import VirtualClock
-from moptd.daemon.api import make_api_app
-from moptd.daemon.runtime import CollectorRuntime
 from moptd.diagnose.loader import default_rules_dir, load_rules
 from moptd.diagnose.rule_cost import MAX_TICK_READS, SUBJECTS, rule_reads
 from moptd.diagnose.service import RuleService
@@ -35,6 +32,7 @@ from moptd.observations import Batch, Event
 from moptd.store import SignalStore
 from tests.faults.test_rule_cost import SIGNALS as COSTLY_SIGNALS
 from tests.faults.test_rule_cost import write as write_costly
+from tests.test_diagnosis_service import serve
 
 T0 = 1000.0
 
@@ -121,13 +119,6 @@ async def opened(d: Diagnosis) -> None:
     await asyncio.to_thread(d.db.open)
 
 
-async def serve(d: Diagnosis, store: SignalStore, sock: Path) -> web.AppRunner:
-    runner = web.AppRunner(make_api_app(store, CollectorRuntime(store, {}), 0.0, d))
-    await runner.setup()
-    await web.UnixSite(runner, str(sock)).start()
-    return runner
-
-
 async def test_the_api_answers_while_an_evaluation_is_still_running(tmp_path):
     clock = VirtualClock(T0)
     store = SignalStore(clock=clock)
@@ -141,7 +132,7 @@ async def test_the_api_answers_while_an_evaluation_is_still_running(tmp_path):
         tick = asyncio.create_task(d.tick_off_loop(T0))
         tick.add_done_callback(lambda _t: order.append("tick done"))
         await gate.wait_entered()
-        assert d.evaluating
+        assert store.held  # the tick is still in its evaluation (the gate is shut)
         conn = aiohttp.UnixConnector(path=str(sock))
         async with aiohttp.ClientSession(connector=conn) as s:
             async with s.get("http://moptd/v1/health") as r:
@@ -151,7 +142,7 @@ async def test_the_api_answers_while_an_evaluation_is_still_running(tmp_path):
             async with s.get("http://moptd/v1/findings") as r:
                 assert r.status == 200
                 order.append("findings answered")
-        assert d.evaluating
+        assert store.held  # the tick is still in its evaluation (the gate is shut)
         assert not tick.done()
         assert health["diagnosis"]["ticks"] == 0
         gate.open()
