@@ -340,7 +340,6 @@ def man_page() -> str:
         Manpage(
             _parser(),
             _data={
-                "date": "",  # no date: the page must not change by itself every day
                 "project_name": "moptd",
                 "version": __version__,
                 "manual_title": "moptd manual",
@@ -349,6 +348,13 @@ def man_page() -> str:
             format="single-commands-section",
         )
     )
+    # No date: argparse-manpage writes today's (or SOURCE_DATE_EPOCH's) into .TH when given
+    # none, so the committed page went stale every midnight. The version names the page;
+    # the .TH line is ours, with the date field empty (man(7) allows it).
+    head, sep, body = page.partition("\n")
+    if not head.startswith(".TH ") or not sep:
+        raise SystemExit(f"argparse-manpage's page does not start with .TH: {head[:60]!r}")
+    page = f'.TH MOPTD "1" "" "moptd {__version__}" "moptd manual"\n{body}'
     status = [".SH EXIT STATUS"]
     for cmd, code, text in exit_status_rows():
         status += [".TP", f"\\fB{cmd}\\fR {code}", text.replace("-", "\\-")]
