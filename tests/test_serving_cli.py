@@ -45,7 +45,11 @@ def endpoint() -> Iterator[str]:
 
 def config(tmp_path: Path, serving: str) -> str:
     path = tmp_path / "moptd.yaml"
-    path.write_text(f"state_dir: {tmp_path}\ncollectors:\n  serving:\n{serving}")
+    # the test's own socket: nothing listens there, whatever moptd runs on this host
+    path.write_text(
+        f"state_dir: {tmp_path}\napi: {{socket: {tmp_path}/api.sock}}\n"
+        f"collectors:\n  serving:\n{serving}"
+    )
     return str(path)
 
 
