@@ -61,12 +61,15 @@ async def findings(
 ) -> dict[str, list[dict[str, Any]]]:
     """{"active": the firing findings that pass the filters, with their history id once
     stored; "history": the stored findings, newest first}. `live` is d.active() when the
-    caller has it already."""
+    caller has it already, taken on this loop step.
+
+    The live findings are read before the query is queued: a transition is queued for the
+    database on the loop step that applies it, so the query, run after it on the database
+    thread, finds the row of every finding read here (read after the query, a finding that
+    fired meanwhile had none yet, and no id). Their ids come from all the firing rows, not
+    from the history, which `since` and `limit` may cut."""
     given = {"subject": subject, "code": code, "severity": severity, "state": state}
     filters = {k: v for k, v in given.items() if v is not None}
-    history = await _on_db(
-        d, lambda c: fdb.query_findings(c, since=since, limit=limit, **filters)
-    )
 
     def keep(f: dict[str, Any]) -> bool:
         if any(f.get(k) != v for k, v in filters.items() if k != "state"):
@@ -76,7 +79,15 @@ async def findings(
         return since is None or float(f.get("last_seen") or 0) >= since
 
     active = [f for f in (d.active() if live is None else live) if keep(f)]
-    ids = {(f["rule"], f["subject"]): f["id"] for f in history if f.get("state") == "firing"}
+
+    def read(
+        c: sqlite3.Connection,
+    ) -> tuple[list[dict[str, Any]], dict[tuple[object, object], object]]:
+        history = fdb.query_findings(c, since=since, limit=limit, **filters)
+        firing = fdb.active_findings(c) if active else []
+        return history, {(f["rule"], f["subject"]): f["id"] for f in firing}
+
+    history, ids = await _on_db(d, read)
     for f in active:
         if (f["rule"], f["subject"]) in ids:
             f["id"] = ids[(f["rule"], f["subject"])]
