@@ -486,24 +486,51 @@ async def test_a_daemon_of_that_name_is_asked(tmp_path, containerd_listener):
 
 _AS_NOBODY = """
 import json, sys
+from pathlib import Path
 from moptd.collector import CollectorContext
 from moptd.collectors.container import ContainerCollector
-batch = ContainerCollector(CollectorContext(options=json.loads(sys.argv[1]))).read()
+ctx = CollectorContext(options=json.loads(sys.argv[1]), procfs=Path(sys.argv[2]))
+batch = ContainerCollector(ctx).read()
 print(json.dumps([[s.signal, dict(s.labels).get("engine"), s.value] for s in batch.samples]))
 """
 
 
-def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_path):
+@pytest.fixture
+def proc_of() -> Iterator[tuple[Path, list[subprocess.Popen[bytes]]]]:
+    """A /proc in which only the processes put in the list run (links to their real
+    /proc/PID) over this kernel's /proc/net, readable by nobody: whether "a dockerd runs"
+    is the test's to say, not whatever this host runs (CI's docker.service, another
+    session's dockerd)."""
+    root = Path(tempfile.mkdtemp(prefix="h9-proc-", dir="/tmp"))
+    root.chmod(0o755)
+    (root / "net").symlink_to("/proc/net")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield root, procs
+    finally:
+        shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("dockerd_elsewhere", [False, True])
+def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(
+    tmp_path, proc_of, dockerd_elsewhere
+):
     """moptd runs as its own user; docker.sock and containerd.sock are root's. A daemon
     listening behind a socket moptd may not open still counts (on its files); a socket
-    file nobody listens on does not. Run as nobody, against root's 0600 sockets."""
+    file nobody listens on does not, whether or not a dockerd runs elsewhere (rootless, or
+    on another socket). Run as nobody, against root's 0600 sockets."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to run the collector as another user")
-    live, dead = (Path(f"/tmp/h9-{os.getpid()}-{n}.sock") for n in ("live", "dead"))
-    holder = _listener_named("containerd", live, tmp_path)  # a containerd process runs
+    procfs, running = proc_of
+    live, dead, other = (Path(f"/tmp/h9-{os.getpid()}-{n}.sock") for n in ("live", "dead", "other"))
     b = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        running.append(_listener_named("containerd", live, tmp_path))  # a containerd runs
+        if dockerd_elsewhere:  # a dockerd runs, listening at a socket not docker_socket
+            running.append(_listener_named("dockerd", other, tmp_path))
+        for proc in running:
+            (procfs / str(proc.pid)).symlink_to(f"/proc/{proc.pid}")
         live.chmod(0o600)
         b.bind(str(dead))  # what a crashed daemon leaves: a file, no listener
         dead.chmod(0o600)
@@ -520,15 +547,16 @@ def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_p
         }
         out = subprocess.run(
             [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-             sys.executable, "-c", _AS_NOBODY, json.dumps(options)],
+             sys.executable, "-c", _AS_NOBODY, json.dumps(options), str(procfs)],
             capture_output=True, text=True, timeout=60, check=False,
             env={"PYTHONPATH": str(Path(__file__).parent.parent), "HOME": "/tmp"},
         )  # fmt: skip
     finally:
-        _end(holder)
+        for proc in running:
+            _end(proc)
         b.close()
-        live.unlink(missing_ok=True)
-        dead.unlink(missing_ok=True)
+        for path in (live, dead, other):
+            path.unlink(missing_ok=True)
     assert out.returncode == 0, out.stderr
     samples = json.loads(out.stdout)
     present = {e: v for sig, e, v in samples if sig == "container.engine_present"}
@@ -536,10 +564,15 @@ def test_a_socket_that_refuses_moptd_is_judged_by_whether_a_daemon_listens(tmp_p
     assert present["containerd"] == 1.0
     assert status["containerd"].startswith(f"a daemon listens at {live}, but {live}: permission")
     assert present["docker"] == 0.0
-    assert status["docker"] == (
-        f"no daemon answers: no dockerd runs and nothing listens at {dead}"
-        " (a CLI or a socket file alone is no engine)"
-    )
+    if dockerd_elsewhere:  # so docker_socket is asked, refuses, and nothing listens there
+        assert status["docker"] == (
+            f"no daemon listens at {dead} (moptd may not open it: permission denied)"
+        )
+    else:  # never asked
+        assert status["docker"] == (
+            f"no daemon answers: no dockerd runs and nothing listens at {dead}"
+            " (a CLI or a socket file alone is no engine)"
+        )
     # podman's socket behind a directory moptd may not search (as /run/podman is): no crash
     assert present["podman"] == 0.0
 
