@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import ipaddress
+import json
 import os
 import shutil
-import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from moptd.config import default_api_socket, default_state_dir
+from tests.hostguard import sitecustomize as hostguard
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
@@ -28,63 +28,37 @@ def require_tool(name: str) -> str:
     return path
 
 
-# --- the host's own moptd is out of bounds ---------------------------------------------
-# A user who follows the README starts `moptd run` on the defaults, then runs the tests: a
-# test that falls back to a default then talks to that daemon (or writes its database) and
-# fails, or worse, passes on its answers. Every test names its own socket, state dir and
-# port; this audit hook catches one that does not, in this process (subprocesses are the
-# test's own to configure). The defaults are read once, before any test moves HOME.
+# --- the host's own moptd is out of bounds (tests/hostguard/sitecustomize.py says why) --
+# The defaults are read once, before any test moves HOME. The log lives beside nothing a
+# test cleans up; a subprocess that outlives its test reports into the next one.
 DEFAULT_PORT = 9477
-_DEFAULT_PLACES = tuple(
-    {str(default_api_socket().parent), str(default_state_dir()), "/run/moptd", "/var/lib/moptd"}
+_PLACES = tuple(
+    sorted({str(default_api_socket().parent), str(default_state_dir()), "/run/moptd",
+            "/var/lib/moptd"})
+)  # fmt: skip
+_GUARD_DIR = Path(__file__).parent / "hostguard"
+_GUARD_LOG = Path(tempfile.mkdtemp(prefix="moptd-test-guard-")) / "reached.log"
+os.environ[hostguard.ENV_LOG] = str(_GUARD_LOG)
+os.environ[hostguard.ENV_PLACES] = json.dumps(_PLACES)
+os.environ[hostguard.ENV_PORT] = str(DEFAULT_PORT)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(_GUARD_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
-_reached: list[str] = []
-
-
-def _under_default(path: Any) -> bool:
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, str) or not path.startswith("/"):
-        return False
-    return any(path == p or path.startswith(p + "/") for p in _DEFAULT_PLACES)
-
-
-def _loopback_default_port(address: Any) -> bool:
-    if not (isinstance(address, tuple) and len(address) >= 2 and address[1] == DEFAULT_PORT):
-        return False
-    host = address[0]
-    if host in ("", "localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return ip.is_loopback or ip.is_unspecified
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    if event in ("socket.connect", "socket.bind"):
-        address = args[1]
-        if _under_default(address) or _loopback_default_port(address):
-            _reached.append(f"{event} {address!r}")
-    elif event == "open" and _under_default(args[0]):
-        _reached.append(f"open {args[0]!r}")
-    elif event == "sqlite3.connect" and _under_default(args[0]):
-        _reached.append(f"sqlite3.connect {args[0]!r}")
-
-
-sys.addaudithook(_audit)
+hostguard.install(_PLACES, DEFAULT_PORT, str(_GUARD_LOG))
 
 
 @pytest.fixture(autouse=True)
 def _keep_off_the_hosts_moptd() -> Iterator[None]:
-    _reached.clear()
+    _GUARD_LOG.unlink(missing_ok=True)
     yield
-    if _reached:
-        found, _reached[:] = list(_reached), []
-        pytest.fail(
-            "this test reached the host's own moptd (its default socket, state dir or port "
-            f"{DEFAULT_PORT}); name a socket, state dir and port of the test's own: "
-            + "; ".join(found[:5]),
-            pytrace=False,
-        )
+    try:
+        reached = _GUARD_LOG.read_text().splitlines()
+    except FileNotFoundError:
+        return
+    _GUARD_LOG.unlink(missing_ok=True)
+    pytest.fail(
+        "this test reached the host's own moptd (its default socket, state dir or port "
+        f"{DEFAULT_PORT}): name a socket, state dir and port of the test's own. "
+        + "; ".join(reached[:5]),
+        pytrace=False,
+    )

@@ -80,7 +80,7 @@ def test_any_json_checks_or_is_refused_and_what_checks_is_usable(a: object, b: o
 def test_doctor_shows_a_configured_environment(tmp_path: Path) -> None:
     cfg = tmp_path / "moptd.yaml"
     cfg.write_text(
-        f"state_dir: {tmp_path / 'state'}\n"
+        f"state_dir: {tmp_path / 'state'}\napi: {{socket: {tmp_path / 'api.sock'}}}\n"
         f"versions:\n  site_packages: [{SP / 'vllm-0.4.0-cu121'}]\n"
     )
     out = subprocess.run(
