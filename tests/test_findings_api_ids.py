@@ -17,10 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moptd.clock import VirtualClock
 from moptd.findings import db as fdb
-from moptd.store import SignalStore
-from tests.test_diagnosis_service import make, serve, swappiness
+from tests.test_diagnosis_service import served, swappiness
 
 
 async def _get(s: aiohttp.ClientSession, path: str) -> dict[str, Any]:
@@ -42,12 +40,6 @@ def _stored(d: Any) -> dict[int, str]:
 
 
 async def test_a_finding_that_fires_while_the_listing_queries_has_its_id(tmp_path, monkeypatch):
-    clock = VirtualClock(1000.0)
-    store = SignalStore(clock=clock)
-    d = make(tmp_path, clock, store)
-    await d.start()
-    sock = tmp_path / "api.sock"
-    runner = await serve(d, store, sock)
     entered, gate = threading.Event(), threading.Event()
     query = fdb.query_findings
 
@@ -57,8 +49,8 @@ async def test_a_finding_that_fires_while_the_listing_queries_has_its_id(tmp_pat
         assert gate.wait(10), "the test never let the query go"
         return query(c, **kw)
 
-    try:
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock))) as s:
+    async with served(tmp_path) as (clock, store, d, s):
+        try:
             swappiness(store, 60, 1000.0)
             assert [r["new"] for r in d.tick(1000.0)] == ["pending"]
             monkeypatch.setattr(fdb, "query_findings", held_query)
@@ -77,37 +69,25 @@ async def test_a_finding_that_fires_while_the_listing_queries_has_its_id(tmp_pat
             [firing] = after["active"]
             assert firing["code"] == "SWAP_ACTIVE"
             _ids_hold(after, _stored(d))
-    finally:
-        gate.set()
-        await runner.cleanup()
-        await d.stop()
+        finally:
+            gate.set()  # a held query lets the database thread, and so d.stop(), go on
 
 
 @pytest.mark.parametrize("query", ["?since=1015", "?since=1015&code=SWAP_ACTIVE"])
 async def test_a_firing_finding_has_its_id_whatever_the_history_keeps(tmp_path, query):
-    clock = VirtualClock(1000.0)
-    store = SignalStore(clock=clock)
-    d = make(tmp_path, clock, store)
-    await d.start()
-    sock = tmp_path / "api.sock"
-    runner = await serve(d, store, sock)
-    try:
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(sock))) as s:
-            swappiness(store, 60, 1000.0)
-            d.tick(1000.0)
-            clock.set(1011.0)
-            assert [r["new"] for r in d.tick(1011.0)] == ["firing"]
-            # still firing at 1020 (last_seen), its last transition (updated_at) at 1011:
-            # `since` keeps it live and leaves its row out of the history
-            for t in (1015.0, 1020.0):
-                swappiness(store, 60, t)
-                clock.set(t)
-                assert d.tick(t) == []
-            await asyncio.wrap_future(d.db.submit(lambda _c: None))
-            body = await _get(s, f"/v1/findings{query}")
-            [firing] = body["active"]
-            assert firing["last_seen"] == 1020.0
-            _ids_hold(body, _stored(d))
-    finally:
-        await runner.cleanup()
-        await d.stop()
+    async with served(tmp_path) as (clock, store, d, s):
+        swappiness(store, 60, 1000.0)
+        d.tick(1000.0)
+        clock.set(1011.0)
+        assert [r["new"] for r in d.tick(1011.0)] == ["firing"]
+        # still firing at 1020 (last_seen), its last transition (updated_at) at 1011:
+        # `since` keeps it live and leaves its row out of the history
+        for t in (1015.0, 1020.0):
+            swappiness(store, 60, t)
+            clock.set(t)
+            assert d.tick(t) == []
+        await asyncio.wrap_future(d.db.submit(lambda _c: None))
+        body = await _get(s, f"/v1/findings{query}")
+        [firing] = body["active"]
+        assert firing["last_seen"] == 1020.0
+        _ids_hold(body, _stored(d))
