@@ -42,7 +42,7 @@ os.environ[hostguard.ENV_LOG] = str(_GUARD_LOG)
 os.environ[hostguard.ENV_PLACES] = json.dumps(_PLACES)
 os.environ[hostguard.ENV_PORT] = str(DEFAULT_PORT)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(_GUARD_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    p for p in (str(_GUARD_DIR), os.environ.get("PYTHONPATH")) if p
 )
 hostguard.install(_PLACES, DEFAULT_PORT, str(_GUARD_LOG))
 

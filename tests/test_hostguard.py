@@ -15,6 +15,7 @@ GUARD_DIR = Path(hostguard.__file__).parent
 
 
 def _run(tmp_path: Path, code: str, pythonpath: str) -> list[str]:
+    """What the subprocess running `code` reached, each without the process that did."""
     log = tmp_path / "reached.log"
     env = {
         **os.environ,
@@ -26,7 +27,8 @@ def _run(tmp_path: Path, code: str, pythonpath: str) -> list[str]:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    return log.read_text().splitlines() if log.exists() else []
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line.split(" by pid ")[0] for line in lines]
 
 
 def test_a_subprocess_that_reaches_a_default_place_is_reported(tmp_path: Path) -> None:
@@ -46,7 +48,7 @@ def test_a_subprocess_that_reaches_a_default_place_is_reported(tmp_path: Path) -
         )
     finally:
         listener.close()
-    assert [r.split(" by pid ")[0] for r in reached] == [
+    assert reached == [
         f"socket.connect {str(run / 'api.sock')!r}",
         f"sqlite3.connect {str(run / 'f.db')!r}",
     ]
@@ -63,7 +65,7 @@ def test_the_default_port_on_loopback_is_reported_another_port_not(tmp_path: Pat
         "socket.socket().bind(('127.0.0.1', 0))\n",
         str(GUARD_DIR),
     )
-    assert [r.split(" by pid ")[0] for r in reached] == [
+    assert reached == [
         "socket.connect ('127.0.0.1', 9)",
         "socket.connect ('0.0.0.0', 9)",
         "socket.connect ('127.0.0.2', 9)",
@@ -78,4 +80,4 @@ def test_the_sitecustomize_it_shadows_still_runs(tmp_path: Path) -> None:
     )
     (tmp_path / "run").mkdir()
     reached = _run(tmp_path, "pass", os.pathsep.join([str(GUARD_DIR), str(theirs)]))
-    assert [r.split(" by pid ")[0] for r in reached] == [f"open {str(tmp_path / 'run' / 'x')!r}"]
+    assert reached == [f"open {str(tmp_path / 'run' / 'x')!r}"]
