@@ -103,6 +103,8 @@ def _graphs(msg: str) -> LogRecord | None:
 def _engine_dead(msg: str) -> LogRecord | None:
     for needle, kind in (
         ("EngineDeadError", "engine_dead_error"),
+        # EngineDeadError's own message (v1/engine/exceptions.py), where the class is not named
+        ("EngineCore encountered an issue", "engine_dead_error"),
         ("EngineCore encountered a fatal error", "engine_core_fatal"),
         ("engine core exited unexpectedly", "engine_core_exited"),
         ("AsyncLLM output_handler failed", "output_handler_failed"),
