@@ -102,3 +102,23 @@ def test_a_bad_catalog_is_refused_naming_file_entry_and_key(text: str, key: str)
     with pytest.raises(CatalogError, match=key) as exc:
         parse(text, "bad.yaml")
     assert "bad.yaml" in str(exc.value)
+
+
+def test_the_coverage_table_in_docs_accuracy_is_current() -> None:
+    import os
+    import re
+    from pathlib import Path
+
+    from moptd.catalog.emitters import coverage_table
+
+    doc = Path(__file__).parent.parent / "docs" / "accuracy.md"
+    text = doc.read_text()
+    block = re.compile(
+        r"(<!-- emitter-coverage:start -->\n)(.*?)(<!-- emitter-coverage:end -->)", re.S
+    )
+    m = block.search(text)
+    assert m is not None, "docs/accuracy.md lacks the emitter-coverage markers"
+    if os.environ.get("MOPTD_UPDATE_GOLDEN"):
+        doc.write_text(text[: m.start(2)] + coverage_table() + text[m.end(2) :])
+        return
+    assert m.group(2) == coverage_table(), "stale: MOPTD_UPDATE_GOLDEN=1 regenerates it"

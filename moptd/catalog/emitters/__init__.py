@@ -167,3 +167,22 @@ def lookup(emitters: tuple[str, ...], message: str) -> Message | None:
             if m.found_in(message):
                 return m
     return None
+
+
+def coverage_table() -> str:
+    """docs/accuracy.md's coverage table by emitter (Markdown), from the catalogs."""
+    rows = [
+        "| emitter | messages catalogued | mapped to a code | of which UNCLASSIFIED_ERROR "
+        "| benign | versions read |",
+        "|---|---|---|---|---|---|",
+    ]
+    for em in sorted(catalogs().values(), key=lambda e: e.id):
+        coded = [m for m in em.messages if m.code != BENIGN]
+        unclassified = sum(1 for m in coded if m.code == "UNCLASSIFIED_ERROR")
+        benign = len(em.messages) - len(coded)
+        reads = "; ".join(f"{r.repo} @ {r.ref} ({r.how})" for r in em.read)
+        rows.append(
+            f"| {em.name} (`{em.id}`) | {len(em.messages)} | {len(coded)} | {unclassified} "
+            f"| {benign} | {reads.replace('|', '/')} |"
+        )
+    return "\n".join(rows) + "\n"
