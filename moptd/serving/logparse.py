@@ -117,8 +117,12 @@ def _engine_dead(msg: str) -> LogRecord | None:
         ("DetokenizerManager hit an exception", "sglang_detokenizer"),
         ("TokenizerManager hit an exception", "sglang_tokenizer"),
         ("Received sigquit from a child process", "sglang_child_failed"),
-        # V1's engine core client when a worker process is killed (core_client.py)
+        # 0.8's engine core on an exception it cannot survive, before it signals its parent
+        # (v1/engine/core.py), and the SIGUSR1 handlers that then stop the engine
+        # (v1/engine/core_client.py, v1/executor/multiproc_executor.py "MulitprocExecutor got")
+        ("EngineCore hit an exception", "engine_core_fatal"),
         ("Got fatal signal from worker processes", "worker_died"),
+        ("got fatal signal from worker processes", "worker_died"),
         ("It usually means one child failed", "sglang_child_failed"),
     ):
         if needle in msg:
