@@ -172,7 +172,14 @@ def test_split_never_raises_and_keeps_the_message(prefix: str, text: str) -> Non
     path=st.text(st.characters(blacklist_characters="\n\r\x1b"), max_size=200),
     method=st.sampled_from(["GET", "POST", "DELETE", "OPTIONS"]),
     status=st.integers(100, 599),
-    prefix=st.sampled_from(["INFO:     ", "(APIServer pid=8) INFO:     ", "WARNING:  "]),
+    prefix=st.sampled_from(
+        [
+            "INFO:     ",
+            "(APIServer pid=8) INFO:     ",
+            "WARNING:  ",
+            "[2025-09-03 18:33:31] INFO:     ",
+        ]
+    ),
 )
 def test_no_access_log_line_is_ever_evidence(
     path: str, method: str, status: int, prefix: str

@@ -58,8 +58,10 @@ class Head:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # docker compose's "service-1  | " and a process tag: vLLM's "(EngineCore_DP0 pid=12) ",
 # V0 workers' "(VllmWorker rank=2 pid=225) ", Ray's "(RayWorkerWrapper pid=9, ip=10.0.0.1) "
+# and torchrun's "[rank3]: " in front of each line a rank prints (its --tee / log prefix)
 _OUTER = re.compile(
-    r"(?:[\w.-]{1,80} +\| )?(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) )?"
+    r"(?:[\w.-]{1,80} +\| )?(?:\[rank\d{1,6}\]: )?"
+    r"(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) )?"
 )
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 _LETTER = {"E": "ERROR", "W": "WARNING", "I": "INFO", "V": "DEBUG", "F": "FATAL", "D": "DEBUG"}
@@ -138,7 +140,10 @@ _FORMATS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # uvicorn's access log: `%(client_addr)s - "%(request_line)s" %(status_code)s`; the request
 # line runs to the last `HTTP/x" NNN`, whatever quotes the path holds.
-_ACCESS = re.compile(r'\S{0,300} - ".{0,8192} HTTP/\d(?:\.\d)?" \d{3}\b')
+# SGLang puts its stamp in front and keeps uvicorn's level: "[2025-09-03 18:33:31] INFO:  ..."
+_ACCESS = re.compile(
+    rf'(?:(?:{_LEVELS}):\s+)?\S{{0,300}} - ".{{0,8192}} HTTP/\d(?:\.\d)?" \d{{3}}\b'
+)
 # Request logging (vLLM's request_logger.py / V0 entrypoints/logger.py, SGLang's
 # --log-requests): the prompt, the parameters and the output a client sent or steered.
 _REQUEST_LOG = (
