@@ -69,3 +69,12 @@ def test_pytorchs_own_watchdog_line_is_read_not_refused() -> None:
     codes = {f["code"] for f in report["findings"]}  # type: ignore[union-attr]
     assert codes == {"CUDA_ILLEGAL_ADDRESS"}
     assert rc == 2
+
+
+def test_prose_around_the_log_of_a_whole_ticket_is_skipped() -> None:
+    rc, report = replay(str(RECORDS / "sglang-8741-ticket.txt"))
+    assert rc == 0
+    assert report["findings"] == []
+    read = report["read"]
+    assert isinstance(read, list)
+    assert any(e.get("kind") == "sglang-log" and e.get("used") for e in read), read

@@ -38,7 +38,7 @@ _CHAIN = (
 # strings arrive inside other emitters' messages (a CUDA string inside PyTorch's error,
 # PyTorch's exception inside vLLM's traceback, NCCL's result inside PyTorch's).
 _EMBEDDED = ("pytorch", "cuda", "nccl", "python")
-_SERVING = ("vllm", "sglang", "tensorrt", "trtllm", "triton", "onnxruntime")
+_SERVING = ("vllm", "sglang", "tensorrt", "trtllm", "triton", "onnxruntime", "uvicorn")
 _CATALOGS = {e: (e, *_EMBEDDED) for e in _SERVING} | {"triton": ("triton", "trtllm", *_EMBEDDED)}
 
 

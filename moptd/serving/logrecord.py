@@ -154,6 +154,7 @@ _REQUEST_LOG = (
     "Finish: obj=",
     "Finish: meta_info=",
 )
+_UVICORN_LEVEL = re.compile(rf"(?P<level>{_LEVELS}):\s+")
 _REQUEST_LOGGERS = frozenset({"logger.py", "request_logger.py"})
 MAX_SPLIT_CHARS = 65536
 
@@ -179,6 +180,11 @@ def split_record(line: str) -> Head:
         level = _LETTER[letter] if letter else (g.get("level") or "")
         msg = g["msg"]
         user = _user_text(emitter, g.get("logger") or "", msg)
+        if emitter == "sglang" and not user:
+            # uvicorn's own records behind SGLang's stamp carry uvicorn's level
+            inner = _UVICORN_LEVEL.match(msg)
+            if inner is not None:
+                level, msg = inner.group("level"), msg[inner.end() :]
         return Head(emitter, level, g.get("logger") or "", msg, proc, g.get("stamp") or "", user)
     return Head("", "", "", body, proc, "", _ACCESS.match(body) is not None)
 
