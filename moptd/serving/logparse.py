@@ -117,6 +117,8 @@ def _engine_dead(msg: str) -> LogRecord | None:
         ("DetokenizerManager hit an exception", "sglang_detokenizer"),
         ("TokenizerManager hit an exception", "sglang_tokenizer"),
         ("Received sigquit from a child process", "sglang_child_failed"),
+        # an older engine.py spelt it "child proces." (sglang#3685)
+        ("It usually means the child failed", "sglang_child_failed"),
         # 0.8's engine core on an exception it cannot survive, before it signals its parent
         # (v1/engine/core.py), and the SIGUSR1 handlers that then stop the engine
         # (v1/engine/core_client.py, v1/executor/multiproc_executor.py "MulitprocExecutor got")
