@@ -403,7 +403,9 @@ def test_real_vllm_log() -> None:
     assert state.started
     # the shutdown after SIGTERM prints EngineDeadError; the readers ignore it after the
     # "shutdown triggered" line (section 1 of the capture ends in the same shutdown)
-    assert streams["serving.engine_dead"] == 2
+    # (each twice: "AsyncLLM output_handler failed." and the EngineDeadError final line; the
+    # first was missed before the parsers read the message without its prefix)
+    assert streams["serving.engine_dead"] == 4
     assert state.shutting_down
 
 

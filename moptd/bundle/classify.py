@@ -95,6 +95,14 @@ _PYTHON = (
     r"|(?:[A-Za-z_][\w.]{0,80}(?:Error|Exception|OutOfMemoryError)): "
     r"|CUDA out of memory\. Tried to allocate "
     r"|INFO:     "  # uvicorn, in front of vLLM and SGLang
+    # PyTorch's c10 logging without vLLM's prefix: "[rank0]:[E219 12:00:00.1 x.cpp:1]",
+    # older "[E ProcessGroupNCCL.cpp:916] " (moptd.serving.logrecord's record shapes)
+    r"|(?:\[rank\d{1,6}\]:)?\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d\.\d{1,9})?(?: \d{1,10})? ?"
+    r"[\w.]{1,200}\.(?:cpp|cc|h|cu):\d{1,7}\] "
+    # NCCL with NCCL_DEBUG set: "host:pid:tid [dev] NCCL INFO ...", "... NCCL WARN ..."
+    r"|[\w.-]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w./-]{1,200}:\d{1,7} )?"
+    r"(?:\(\w{1,100}\) )?NCCL (?:WARN|INFO|ABORT) "
+    r"|terminate called after throwing an instance of "  # a C++ exception's end (c10::Error)
 )
 # kind -> the pattern of a line that starts it (tested at the start of the line)
 _STARTS: tuple[tuple[str, str], ...] = (

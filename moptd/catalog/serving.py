@@ -399,6 +399,15 @@ SIGNALS += [
         ("kind",),
     ),
     _e(
+        "unclassified_error",
+        "An error record no pattern of moptd's classifies (a record at ERROR/CRITICAL/FATAL "
+        "or a Python traceback's final line) and no emitter catalog calls benign: emitter, "
+        "level, file (the emitter's logger or source file), message (the quote), distinct "
+        "(distinct messages so far) and messages (the most frequent ones quoted with their "
+        "counts, bounded). Never from an access-log or request-log record.",
+        ("emitter", "level", "file", "message", "distinct", "messages"),
+    ),
+    _e(
         "cuda_oom",
         "A CUDA out-of-memory message: form pytorch (the caching allocator's, its numbers in "
         "bytes; reserved_unallocated_share is reserved-but-unallocated over all PyTorch "

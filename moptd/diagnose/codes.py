@@ -346,6 +346,17 @@ CODES: dict[str, Code] = {
         "warning",
         "a rule raised while it ran (an overflow, a recursion too deep): it diagnoses nothing",
     ),
+    "UNCLASSIFIED_ERROR": Code(
+        "moptd",
+        "warning",
+        (
+            "a source moptd reads holds error records that no pattern of moptd's knows (an "
+            "ERROR/CRITICAL log record, a Python exception, a kernel line at priority err or "
+            "worse from a GPU-related emitter): moptd quotes them, names the emitter, and never "
+            'answers "no findings" over them. It never replaces a specific code: a record '
+            "that a pattern classifies is not unclassified"
+        ),
+    ),
     "REMEDIATION_SUSPENDED": Code(
         "moptd",
         "warning",

@@ -20,7 +20,7 @@ from moptd.located import LocatedError
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving.engines import view_from_samples
 from moptd.serving.gates import classify_names
-from moptd.serving.logparse import LogState, parse_line, split_prefix
+from moptd.serving.logparse import LogState, split_prefix
 from moptd.serving.promtext import PromParseError, parse
 from moptd.serving.signals import (
     HistogramWindow,
@@ -168,7 +168,7 @@ def _read_log(
             except ValueError:
                 pass  # 02-29 in another year: keep the previous time
         state.observe(line)
-        rec = parse_line(line)
+        rec = state.record(line)
         if rec is None:
             continue
         state.update(rec, t)

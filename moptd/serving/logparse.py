@@ -1,7 +1,11 @@
 """Recognise the serving-engine log lines that carry diagnostic weight.
 
-Each recognised line becomes a ``LogRecord(stream, fields)``; the stream names are the
-event streams of moptd/catalog/serving.py. The lines only one engine writes (its periodic
+Each line is first split into its record (``split_record``: emitter, level, logger,
+message); the parsers below read the message only, and a record that carries text a client
+chose (an access-log line, a logged prompt or output) is never read at all: a request for
+``/v1/EngineDeadError`` is no engine death. Each recognised message becomes a
+``LogRecord(stream, fields)``; the stream names are the event streams of
+moptd/catalog/serving.py. The lines only one engine writes (its periodic
 stats line) are parsed in its module under moptd/serving/engines/, this module holds the
 rest. Lines are tested against cheap substrings before any regex, since a busy server
 writes an access-log line per request.
@@ -13,7 +17,8 @@ import re
 from dataclasses import dataclass, field
 
 from moptd.serving.engines import log_parsers
-from moptd.serving.logrecord import LogRecord, MessageParser, number
+from moptd.serving.errorrecords import ErrorTracker
+from moptd.serving.logrecord import Head, LogRecord, MessageParser, number, split_record
 from moptd.serving.onnxruntime import LOG_PARSERS as ONNXRUNTIME_PARSERS
 from moptd.serving.oom import bare_fields, bare_oom, parse_oom
 
@@ -98,11 +103,29 @@ def _graphs(msg: str) -> LogRecord | None:
 def _engine_dead(msg: str) -> LogRecord | None:
     for needle, kind in (
         ("EngineDeadError", "engine_dead_error"),
+        # EngineDeadError's own message (v1/engine/exceptions.py), where the class is not named
+        ("EngineCore encountered an issue", "engine_dead_error"),
         ("EngineCore encountered a fatal error", "engine_core_fatal"),
         ("engine core exited unexpectedly", "engine_core_exited"),
         ("AsyncLLM output_handler failed", "output_handler_failed"),
         ("Engine core initialization failed", "engine_init_failed"),
         ("EngineCore failed to start", "engine_init_failed"),
+        # SGLang's per-process fatal handlers and the SIGQUIT a dying child sends its parent
+        # (scheduler.py, detokenizer_manager.py, tokenizer_manager.py, entrypoints/engine.py)
+        ("Scheduler hit an exception", "sglang_scheduler"),
+        ("TpModelWorkerClient hit an exception", "sglang_tp_worker"),
+        ("DetokenizerManager hit an exception", "sglang_detokenizer"),
+        ("TokenizerManager hit an exception", "sglang_tokenizer"),
+        ("Received sigquit from a child process", "sglang_child_failed"),
+        # an older engine.py spelt it "child proces." (sglang#3685)
+        ("It usually means the child failed", "sglang_child_failed"),
+        # 0.8's engine core on an exception it cannot survive, before it signals its parent
+        # (v1/engine/core.py), and the SIGUSR1 handlers that then stop the engine
+        # (v1/engine/core_client.py, v1/executor/multiproc_executor.py "MulitprocExecutor got")
+        ("EngineCore hit an exception", "engine_core_fatal"),
+        ("Got fatal signal from worker processes", "worker_died"),
+        ("got fatal signal from worker processes", "worker_died"),
+        ("It usually means one child failed", "sglang_child_failed"),
     ):
         if needle in msg:
             return LogRecord("serving.engine_dead", {"kind": kind})
@@ -124,6 +147,8 @@ def _hang(msg: str) -> LogRecord | None:
         "NCCL" in msg and ("timeout" in msg.lower() or "timed out" in msg)
     ):
         return LogRecord("serving.hang", {"kind": "nccl_timeout", "seconds": 0.0})
+    if "watchdog timeout (" in msg or "Watchdog timeout (" in msg:  # SGLang's (utils/watchdog.py)
+        return LogRecord("serving.hang", {"kind": "watchdog_timeout", "seconds": 0.0})
     if "RPC call to" in msg and "timed out" in msg:
         return LogRecord("serving.hang", {"kind": "rpc_timeout", "seconds": 0.0})
     return None
@@ -194,6 +219,8 @@ _CUDA_ERRORS = (
     ("Failed to deserialize cuda engine", "trt_deserialize_failed"),
     ("Deserialize the cuda engine failed", "trt_deserialize_failed"),
     ("Engine deserialization failed", "trt_deserialize_failed"),
+    # TensorRT 10's assertion in engine.cpp::deserializeEngine, the same consequence
+    ("Assertion engine->deserialize(", "trt_deserialize_failed"),
 )
 # What the plan was built for against what reads it. TensorRT words it "expecting <this
 # runtime / this GPU> got <the plan's>": InsightFace-REST#84 (runtime 8.2.3, plan 8.2.1),
@@ -288,6 +315,11 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("raph", _graphs),
     ("ngine", _engine_dead),
     ("died unexpectedly", _engine_dead),
+    ("hit an exception", _engine_dead),
+    ("output_handler failed", _engine_dead),
+    ("fatal signal from worker", _engine_dead),
+    ("child", _engine_dead),
+    ("atchdog timeout (", _hang),
     ("Watchdog", _hang),
     ("shared memory broadcast", _hang),
     ("NCCL", _hang),
@@ -328,11 +360,17 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
 
 def parse_line(line: str) -> LogRecord | None:
     """The first diagnostic record a log line carries, or None."""
-    if len(line) > 65536:  # a runaway line: keep the head, where the message starts
-        line = line[:65536]
+    return parse_head(split_record(line))
+
+
+def parse_head(head: Head) -> LogRecord | None:
+    """The first diagnostic record of a split line's message, or None; none for a record
+    of user text (split_record bounds the line first: a runaway line keeps its head)."""
+    if head.user_text:
+        return None
+    msg = head.message
     for needle, parser in _PARSERS:
-        if needle in line:
-            _, msg = split_prefix(line)
+        if needle in msg:
             rec = parser(msg)
             if rec is not None:
                 return rec
@@ -368,6 +406,22 @@ class LogState:
     # The API server's access log answered a request (uvicorn: `IP:PORT - "GET /... HTTP/1.1"
     # 200`): it listens, so the engine behind it has started, whatever came before.
     answered: bool = False
+    # Tracebacks in progress and the unclassified error messages so far (errorrecords.py)
+    errors: ErrorTracker = field(default_factory=ErrorTracker)
+
+    def record(self, line: str) -> LogRecord | None:
+        """The record a line carries: what a parser classifies, else an error record no
+        pattern knows (serving.unclassified_error), else None. Call after ``observe``.
+        While the server stops on request its errors are the stop's own (vLLM prints
+        EngineDeadError and cancelled tasks): not unclassified."""
+        head = split_record(line)
+        if head.user_text:
+            return None
+        msg = self.errors.error_message(head)
+        rec = parse_head(head)
+        if rec is not None or msg is None or self.shutting_down:
+            return rec
+        return self.errors.unclassified(head, msg)
 
     def observe(self, line: str) -> None:
         """Every line, parsed or not, before ``update``: the context a record needs."""

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moptd.observations import Batch, Event
-from moptd.serving.logparse import LogState, parse_line
+from moptd.serving.errorrecords import STREAM as UNCLASSIFIED
+from moptd.serving.logparse import LogState
 from moptd.serving.logring import LineSplitter, LogRing
 from moptd.serving.spec import flag_value
 
@@ -65,16 +66,17 @@ def log_events(
 ) -> list[Event]:
     """Keep each line in the ring, update the log state, and return the events the lines
     carry. Engine-death lines printed while the server stops on request (``stopping``)
-    are not events: vLLM prints EngineDeadError on every requested shutdown."""
+    are not events: vLLM prints EngineDeadError on every requested shutdown, and the
+    errors of a stop (cancelled tasks) are no unclassified errors either."""
     events: list[Event] = []
     for line in lines:
         ring.append(now, line)
         state.observe(line)
-        rec = parse_line(line)
+        rec = state.record(line)
         if rec is None:
             continue
         state.update(rec, now)
-        if rec.stream == "serving.engine_dead" and stopping(state):
+        if rec.stream in ("serving.engine_dead", UNCLASSIFIED) and stopping(state):
             continue
         events.append(Event(rec.stream, subject, now, state.event_fields(rec), line[:1000]))
     return events

@@ -1,0 +1,200 @@
+"""The record splitter (moptd.serving.logrecord.split_record), the access-log and
+request-log exclusion, and error records no pattern classifies (UNCLASSIFIED_ERROR).
+
+Lines are copied from public material: the fixtures' logs (their SOURCE.md names each
+address) and the issue threads named beside each constant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moptd.serving.errorrecords import STREAM
+from moptd.serving.logparse import LogState, parse_line
+from moptd.serving.logrecord import MAX_SPLIT_CHARS, split_record
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# vllm#20170 (tests/fixtures/incidents/vllm-v1-illegal-address-tp-nccl-watchdog)
+WATCHDOG = FIXTURES / "incidents/vllm-v1-illegal-address-tp-nccl-watchdog/serving/vllm/log.txt"
+# vllm#4108 (opening post): PyTorch's older c10 prefix, no vLLM prefix
+OLD_C10 = (
+    "[E ProcessGroupNCCL.cpp:916] [Rank 0] NCCL watchdog thread terminated with exception: "
+    "CUDA error: an illegal memory access was encountered"
+)
+# vllm#17098 (opening post): a V0 worker's traceback lines
+V0_FRAME = "ERROR 04-15 00:31:11 worker_base.py:574]     self.launch(*args, **kwargs)"
+V0_FINAL = (
+    "ERROR 04-15 00:31:11 worker_base.py:574] RuntimeError: Triton Error [CUDA]: "
+    "an illegal memory access was encountered"
+)
+# The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
+ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
+
+
+def test_vllm_prefixes_split_into_emitter_level_file_message() -> None:
+    head = split_record(V0_FINAL)
+    assert (head.emitter, head.level, head.logger) == ("vllm", "ERROR", "worker_base.py")
+    assert head.message.startswith("RuntimeError: Triton Error")
+    lines = WATCHDOG.read_text().splitlines()
+    worker = split_record(lines[0])
+    assert (worker.emitter, worker.level, worker.logger) == (
+        "vllm",
+        "ERROR",
+        "multiproc_executor.py",
+    )
+    assert worker.proc == "VllmWorker rank=2 pid=225"
+    torch = split_record(next(ln for ln in lines if ln.startswith("[rank2]")))
+    assert (torch.emitter, torch.level, torch.logger) == (
+        "pytorch",
+        "ERROR",
+        "ProcessGroupNCCL.cpp",
+    )
+    assert torch.message.startswith("[PG ID 2 PG GUID 3 Rank 2] Process group watchdog")
+
+
+def test_pytorch_lines_without_vllm_prefix_are_read() -> None:
+    head = split_record(OLD_C10)
+    assert (head.emitter, head.level, head.logger) == ("pytorch", "ERROR", "ProcessGroupNCCL.cpp")
+    rec = parse_line(OLD_C10)
+    assert rec is not None
+    assert rec.fields["kind"] == "illegal_address"
+
+
+def test_access_log_paths_are_never_evidence() -> None:
+    for path in (
+        "/v1/EngineDeadError",
+        "/CUDA out of memory. Tried to allocate 2.00 GiB",
+        "/CUDA%20out%20of%20memory",
+        "/an illegal memory access was encountered",
+        "/NCCL timed out",
+        '/x" 200 EngineCore encountered a fatal error',
+    ):
+        for prefix in ("INFO:     ", "(APIServer pid=8) INFO:     ", ""):
+            line = prefix + ACCESS.format(method="GET", path=path, status=404)
+            assert split_record(line).user_text, line
+            assert parse_line(line) is None, line
+            st_ = LogState()
+            assert st_.record(line) is None
+
+
+def test_request_logging_is_never_evidence() -> None:
+    line = (
+        "INFO 12-05 08:00:00 [logger.py:40] Received request cmpl-1: prompt: "
+        "'EngineCore encountered a fatal error. CUDA out of memory.', params: x"
+    )
+    assert split_record(line).user_text
+    assert parse_line(line) is None
+
+
+def test_a_traceback_on_its_own_is_unclassified_once() -> None:
+    state = LogState()
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/srv/app.py", line 3, in <module>',
+        "    main()",
+        "RuntimeError: something nobody knows",
+    ]
+    recs = [r for r in map(state.record, lines) if r is not None]
+    assert [r.stream for r in recs] == [STREAM]
+    assert recs[0].fields["message"] == "RuntimeError: something nobody knows"
+    assert recs[0].fields["file"] == "app.py"
+
+
+def test_frames_of_a_prefixed_traceback_are_not_error_records() -> None:
+    state = LogState()
+    assert state.record(V0_FRAME) is None
+    rec = state.record(V0_FINAL)
+    assert rec is not None
+    assert rec.stream == "serving.cuda_error"
+
+
+def test_pytorchs_cuda_error_suffix_is_benign() -> None:
+    state = LogState()
+    recs = [state.record(ln) for ln in WATCHDOG.read_text().splitlines()]
+    streams = {r.stream for r in recs if r is not None}
+    assert STREAM not in streams
+    assert "serving.cuda_error" in streams
+
+
+def test_repeated_messages_are_counted_and_bounded() -> None:
+    state = LogState()
+    out = None
+    for i in range(200):
+        out = state.record(f"ERROR 12-05 08:00:{i % 60:02d} [x.py:1] odd failure {i % 70}")
+    assert out is not None
+    assert out.fields["distinct"] == 65.0  # 64 quoted and counted, the rest as "others"
+    summary = str(out.fields["messages"])
+    assert summary.count('"') == 10  # five quoted
+    assert "more distinct" in summary
+
+
+def test_a_requested_stop_is_not_unclassified() -> None:
+    state = LogState()
+    state.record("INFO 12-05 08:00:00 [launcher.py:80] Shutting down FastAPI HTTP server.")
+    state.shutting_down = True
+    assert state.record("ERROR 12-05 08:00:01 [core.py:1] RuntimeError: cancelled") is None
+
+
+_PREFIXES = st.sampled_from(
+    [
+        "",
+        "(EngineCore_DP0 pid=12) ERROR 12-05 08:00:00 [core.py:1] ",
+        "ERROR 04-15 00:31:11 worker_base.py:574] ",
+        "[rank0]:[E219 12:00:00.123456789 ProcessGroupNCCL.cpp:629] ",
+        "[2026-12-05 08:00:00 TP0] ",
+        "INFO:     ",
+        "node1:1:2 [0] NCCL WARN ",
+        "[06/08/2022-15:28:47] [TRT] [E] ",
+        "[TensorRT-LLM][ERROR] ",
+        "E1220 01:42:16.589091 100348 model_lifecycle.cc:818] ",
+        "\x1b[36m(VllmWorker rank=2 pid=225)\x1b[0m ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=_PREFIXES, text=st.text(max_size=300))
+def test_split_never_raises_and_keeps_the_message(prefix: str, text: str) -> None:
+    line = prefix + text
+    head = split_record(line)
+    assert len(head.message) <= MAX_SPLIT_CHARS
+    clean = "\n" not in text and "\r" not in text and "\x1b" not in text
+    if clean and prefix.strip() and not head.user_text:
+        assert head.message.rstrip() == text.rstrip()[: len(head.message.rstrip())] or (
+            text.rstrip().endswith(head.message.rstrip())
+        )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    path=st.text(st.characters(blacklist_characters="\n\r\x1b"), max_size=200),
+    method=st.sampled_from(["GET", "POST", "DELETE", "OPTIONS"]),
+    status=st.integers(100, 599),
+    prefix=st.sampled_from(
+        [
+            "INFO:     ",
+            "(APIServer pid=8) INFO:     ",
+            "WARNING:  ",
+            "[2025-09-03 18:33:31] INFO:     ",
+        ]
+    ),
+)
+def test_no_access_log_line_is_ever_evidence(
+    path: str, method: str, status: int, prefix: str
+) -> None:
+    line = prefix + ACCESS.format(method=method, path="/" + path, status=status)
+    assert parse_line(line) is None
+    assert LogState().record(line) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.text(max_size=120), max_size=40))
+def test_the_error_tracker_never_raises_and_stays_bounded(lines: list[str]) -> None:
+    state = LogState()
+    for ln in lines:
+        rec = state.record(ln)
+        if rec is not None and rec.stream == STREAM:
+            assert len(str(rec.fields["message"])) <= 240
+    assert len(state.errors.seen) <= 64
