@@ -453,9 +453,18 @@ SIGNALS += [
         "startup_error",
         "A start-up failure in the log: tokenizer, port_in_use, oom_on_load, kv_no_memory (no "
         "memory left for KV-cache blocks), kv_too_small (the KV cache holds less than one "
-        "max_model_len sequence), gpu_memory_taken; internal_port_in_use when 'Address "
+        "max_model_len sequence), gpu_memory_taken (other processes hold the GPU memory the "
+        "engine's budget needs), max_model_len_too_long (above the model's own context), "
+        "quantization_unsupported (the checkpoint's quantization needs a newer GPU); "
+        "internal_port_in_use when 'Address "
         "already in use' came from an internal port (vLLM's get_open_port, torch.distributed's "
         "store), not the serving port.",
+        ("kind",),
+    ),
+    _e(
+        "request_error",
+        "Requests refused while the server stays up, from the serving log: kind "
+        "chat_template_missing (the tokenizer has no chat template and none was given).",
         ("kind",),
     ),
     _e(

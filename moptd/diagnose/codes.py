@@ -173,6 +173,17 @@ CODES: dict[str, Code] = {
             '("CUDA driver version is insufficient for CUDA runtime version")'
         ),
     ),
+    "NCCL_COLLECTIVE_TIMEOUT": Code(
+        "driver",
+        "critical",
+        (
+            "an NCCL collective (all-reduce, all-gather, broadcast) of a tensor-parallel "
+            'group timed out or aborted ("Watchdog caught collective operation timeout", '
+            '"NCCL error", "unhandled cuda error"): one rank or the GPU-to-GPU path (NVLink, '
+            "PCIe P2P, network) stalls the whole group; name the rank and the link when the "
+            "evidence does"
+        ),
+    ),
     "WSL_GUEST_DRIVER_INSTALLED": Code(
         "driver",
         "critical",
@@ -206,6 +217,16 @@ CODES: dict[str, Code] = {
         (
             "a TensorRT / TensorRT-LLM engine was built for another TensorRT version, GPU "
             "architecture or plugin set than this host runs (plan deserialisation fails)"
+        ),
+    ),
+    "QUANTIZATION_UNSUPPORTED_ON_GPU": Code(
+        "compiler",
+        "critical",
+        (
+            "the model's quantization method needs a newer GPU than this one (\"The "
+            "quantization method fp8 is not supported for the current GPU. Minimum "
+            'capability: 89/90", AWQ needing 7.5 on 7.0): a different checkpoint or GPU is '
+            "the fix, not a rebuild"
         ),
     ),
     "SERVING_DOWN": Code(
@@ -286,6 +307,15 @@ CODES: dict[str, Code] = {
             "it still answers, at CPU speed"
         ),
     ),
+    "GPU_MEMORY_OCCUPIED_AT_START": Code(
+        "framework",
+        "critical",
+        (
+            "the engine refuses to start, or starts with a smaller KV cache, because other "
+            'processes already hold GPU memory (vLLM "Free memory on device ... is less than '
+            'desired GPU memory utilization"): find and stop the holder, or lower the budget'
+        ),
+    ),
     "TOKENIZER_MISSING": Code(
         "model",
         "critical",
@@ -303,6 +333,22 @@ CODES: dict[str, Code] = {
             "the engine refuses to start: the KV cache that fits its GPU-memory budget is empty "
             "or smaller than one max_model_len sequence (give it more memory or lower "
             "max_model_len; not an OOM)"
+        ),
+    ),
+    "MAX_MODEL_LEN_EXCEEDS_MODEL_CONTEXT": Code(
+        "model",
+        "critical",
+        (
+            "the engine refuses to start: the configured max_model_len is larger than the "
+            "model's own context length (derived from its config)"
+        ),
+    ),
+    "CHAT_TEMPLATE_MISSING": Code(
+        "model",
+        "critical",
+        (
+            "chat requests fail (HTTP 400) because the tokenizer has no chat template and "
+            "none was given; the server itself stays up"
         ),
     ),
     "CUDA_OOM": Code(

@@ -24,13 +24,19 @@ RESTARTS = ("restart_engine", "restart_with")
 # - SERVING_DOWN: the process is gone between the stop and the new start, and a restart
 #   that does not come up turns into the supervisor's crash loop (the classic loop);
 # - PORT_CONFLICT: the new server's gate finds the port still held by the old one;
-# - CUDA_OOM and KV_CACHE_CAPACITY_INSUFFICIENT: the new engine allocates GPU memory the
-#   old one may not have released yet.
+# - CUDA_OOM, KV_CACHE_CAPACITY_INSUFFICIENT and GPU_MEMORY_OCCUPIED_AT_START: the new engine
+#   allocates GPU memory the old one may not have released yet.
 # ENGINE_DEAD is not among them: the lines vLLM prints while moptd stops it are not counted
 # (moptd.serving.supervisor), and a loading engine's failed probes are not read as faults.
 # readiness_off and none cause no code (the engine is left running as it is).
 RESTART_CAUSES = frozenset(
-    {"SERVING_DOWN", "PORT_CONFLICT", "CUDA_OOM", "KV_CACHE_CAPACITY_INSUFFICIENT"}
+    {
+        "SERVING_DOWN",
+        "PORT_CONFLICT",
+        "CUDA_OOM",
+        "KV_CACHE_CAPACITY_INSUFFICIENT",
+        "GPU_MEMORY_OCCUPIED_AT_START",
+    }
 )
 CAUSES: Mapping[str, frozenset[str]] = {
     "restart_engine": RESTART_CAUSES,

@@ -170,9 +170,43 @@ def _startup_error(msg: str) -> LogRecord | None:
         # SGLang's KV pool (max_total_num_tokens <= 0), model_runner.py
         ("Not enough memory. Please try to increase --mem-fraction-static", "kv_no_memory"),
         ("is less than desired GPU memory utilization", "gpu_memory_taken"),
+        # vllm/config (ModelConfig's max_model_len check): "User-specified max_model_len (N)
+        # is greater than the derived max_model_len (max_position_embeddings=M ...)", a
+        # ValueError (a pydantic "Value error, ..." since the config became a dataclass).
+        ("is greater than the derived max_model_len", "max_model_len_too_long"),
     ):
         if needle in msg:
             return LogRecord("serving.startup_error", {"kind": kind})
+    return _quantization_refused(msg)
+
+
+# vLLM's quantization check (vllm/model_executor/model_loader, `_verify_quantization`): "The
+# quantization method fp8 is not supported for the current GPU. Minimum capability: 89.
+# Current capability: 86."; compressed-tensors' scheme check words it "Quantization scheme is
+# not supported for the current GPU. Min capability: 80. Current capability: 75." (printed
+# as a tuple of three strings in some releases).
+_QUANT_REFUSED = re.compile(
+    r"not supported for\W{0,6}the current GPU\.\W{0,6}(?:Minimum|Min) capability:"
+)
+
+
+def _quantization_refused(msg: str) -> LogRecord | None:
+    if _QUANT_REFUSED.search(msg) is None:
+        return None
+    return LogRecord("serving.startup_error", {"kind": "quantization_unsupported"})
+
+
+# Chat requests refused while the server runs: the tokenizer has no chat template and none
+# was given. vLLM's text (vllm/entrypoints/chat_utils.py, since transformers 4.44 dropped
+# the default template), raised as ValueError or, in newer releases,
+# ChatTemplateResolutionError, logged by the chat endpoint ("Error in preprocessing prompt
+# inputs") and answered with HTTP 400.
+_CHAT_TEMPLATE_MISSING = "default chat template is no longer allowed"
+
+
+def _request_error(msg: str) -> LogRecord | None:
+    if _CHAT_TEMPLATE_MISSING in msg:
+        return LogRecord("serving.request_error", {"kind": "chat_template_missing"})
     return None
 
 
@@ -343,6 +377,9 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("bind on address", _startup_error),
     ("memory", _startup_error),
     ("stored in KV cache", _startup_error),
+    ("derived max_model_len", _startup_error),
+    ("current GPU", _startup_error),
+    ("chat template", _request_error),
     ("KV cache is needed", _startup_error),
     ("Starting vLLM server", _started),
     ("startup complete", _started),
@@ -372,9 +409,15 @@ def parse_head(head: Head) -> LogRecord | None:
     for needle, parser in _PARSERS:
         if needle in msg:
             rec = parser(msg)
-            if rec is not None:
+            if rec is not None and not _only_a_warning(rec, head):
                 return rec
     return None
+
+
+def _only_a_warning(rec: LogRecord, head: Head) -> bool:
+    """With VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vLLM logs the max_model_len text as a WARNING
+    and starts anyway (vllm#7080): only the raised error is a refusal."""
+    return rec.fields.get("kind") == "max_model_len_too_long" and head.level == "WARNING"
 
 
 @dataclass
