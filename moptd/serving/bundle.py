@@ -180,6 +180,12 @@ def _read_log(
         if rec.stream == "serving.engine_dead" and state.shutting_down:
             continue
         out.events.append(Event(rec.stream, subject, t, state.event_fields(rec), line[:1000]))
+    rec = state.finish()
+    if rec is not None:
+        state.update(rec, t)
+        out.events.append(
+            Event(rec.stream, subject, t, state.event_fields(rec), str(rec.fields["message"]))
+        )
     return state
 
 

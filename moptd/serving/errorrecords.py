@@ -29,6 +29,14 @@ _EXC_LINE = re.compile(
     r"(?:: .*)?$"
 )
 _TB_START = "Traceback (most recent call last)"
+# pydantic's ValidationError says what failed on the lines under its first: "1 validation
+# error for ModelConfig", then (after the field's name, where there is one) "  Value error,
+# User-specified max_model_len ..." (vLLM's config checks since its configs became pydantic
+# dataclasses). The indented detail is the message; "For further information visit ..." is
+# pydantic's link, never it.
+_DETAIL_BELOW = re.compile(r"\d+ validation errors? for \S+$")
+_FIELD_NAME = re.compile(r"[\w.\[\]-]{1,100}$")
+_PYDANTIC_LINK = "For further information visit"
 _FRAME = re.compile(r'\s*File "(?:[^"]{0,400}/)?(?P<file>[^"/]{1,200})", line \d+')
 _CHAIN = (
     "During handling of the above exception",
@@ -55,11 +63,17 @@ class ErrorTracker:
     seen: dict[str, int] = field(default_factory=dict)
     others: int = 0
     final: bool = False  # the last error message was a traceback's final line
+    # a final line whose message is on the lines under it (_DETAIL_BELOW): it waits for
+    # them, and is the message itself where they do not come
+    header: str = ""
+    field_lines: int = 0
 
     def error_message(self, head: Head) -> str | None:
         """The message of an error record, or None; follows tracebacks across lines."""
         msg = head.message.strip()
         key = (head.proc, head.stamp, head.logger, head.level) if head.stamp else ()
+        if self.header:
+            return self._detail(head, msg)
         if _TB_START in msg:
             self.in_traceback, self.tail = True, ()
             self.traceback_emitter, self.frame_file = head.emitter, ""
@@ -73,6 +87,9 @@ class ErrorTracker:
             if _EXC_LINE.match(msg) is not None:
                 self.in_traceback, self.tail = False, key
                 self.final = True
+                if _DETAIL_BELOW.search(msg) is not None:
+                    self.header, self.field_lines = msg, 0
+                    return None
                 return msg
             if head.emitter and head.level not in ERROR_LEVELS:
                 return None  # another process's record between the frames
@@ -86,6 +103,23 @@ class ErrorTracker:
             return None  # the exception's message goes on over lines under one prefix
         self.tail, self.final = (), False
         return msg if head.level in ERROR_LEVELS and msg else None
+
+    def _detail(self, head: Head, msg: str) -> str | None:
+        """The message of a ValidationError: its first indented detail line, else (the
+        detail never came) its first line."""
+        if msg and head.message[:1] in " \t" and not msg.startswith(_PYDANTIC_LINK):
+            self.header = ""
+            return msg
+        if _FIELD_NAME.match(msg) is not None and self.field_lines < 3:
+            self.field_lines += 1
+            return None
+        header, self.header = self.header, ""
+        return header
+
+    def pending(self) -> str | None:
+        """A ValidationError's first line still waiting for its detail when the log ends."""
+        header, self.header = self.header, ""
+        return header or None
 
     def unclassified(self, head: Head, msg: str) -> LogRecord | None:
         """The record of an unclassified error message, None for a benign one."""

@@ -466,6 +466,14 @@ class LogState:
             return rec
         return self.errors.unclassified(head, msg)
 
+    def finish(self) -> LogRecord | None:
+        """At the end of a log that will not go on (a bundle, a paste): an error message
+        still waiting for the lines that would say more is unclassified as it stands."""
+        msg = self.errors.pending()
+        if msg is None or self.shutting_down:
+            return None
+        return self.errors.unclassified(split_record(msg), msg)
+
     def observe(self, line: str) -> None:
         """Every line, parsed or not, before ``update``: the context a record needs."""
         if not self.answered and " HTTP/1." in line and _ACCESS.search(line[:1024]):
