@@ -11,7 +11,7 @@ _shtab_moptd_subparsers=(run status config doctor explain install-service record
 
 _shtab_moptd_run_option_strings=(-h --help --config --log-level --collector --no-collector)
 _shtab_moptd_status_option_strings=(-h --help --config --json --offline)
-_shtab_moptd_config_option_strings=(-h --help --config --json)
+_shtab_moptd_config_option_strings=(-h --help --config --json --schema)
 _shtab_moptd_doctor_option_strings=(-h --help --config --json)
 _shtab_moptd_explain_option_strings=(-h --help --code --since -v --verbose --runbook --json --offline --bundle --config)
 _shtab_moptd_install_service_option_strings=(-h --help --prefix --dry-run --moptd)
@@ -42,6 +42,7 @@ _shtab_moptd_status___offline_nargs=0
 _shtab_moptd_config__h_nargs=0
 _shtab_moptd_config___help_nargs=0
 _shtab_moptd_config___json_nargs=0
+_shtab_moptd_config___schema_nargs=0
 _shtab_moptd_doctor__h_nargs=0
 _shtab_moptd_doctor___help_nargs=0
 _shtab_moptd_doctor___json_nargs=0
