@@ -11,9 +11,9 @@
 #
 #   scripts/build-image.sh [--import-base ROOTFS] [--tag NAME:TAG]
 #
-# --import-base ROOTFS: where no registry is reachable, import a Debian 12 rootfs
-#   (scripts/debootstrap-rootfs.sh) as the Dockerfile's base image, under the name the
-#   Dockerfile pins, instead of pulling it.
+# --import-base ROOTFS: where no registry is reachable, import a Debian 12 rootfs as bare
+#   as the slim image (scripts/debootstrap-rootfs.sh --bare) as the Dockerfile's base
+#   image, under the name the Dockerfile pins, instead of pulling it.
 # Environment: PYTHON (default python3; needs the `build` package and pip), DOCKER
 #   (default docker; DOCKER_HOST picks the daemon). Step 3 needs a Debian mirror reachable
 #   from this machine (the base's /etc/apt sources: deb.debian.org).
