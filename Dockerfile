@@ -1,24 +1,41 @@
 # moptd's container image: moptd in a virtual environment of its own on Debian 12, running
-# `moptd run`. Build it with scripts/build-image.sh, which builds the wheel and downloads
-# every dependency as a wheel on the host first: nothing is fetched during the build (no
-# registry or PyPI needs to be reachable from the build container).
+# `moptd run`. Build it with scripts/build-image.sh, which prepares everything the image
+# installs on the host first (the moptd wheel, every dependency as a wheel, and Debian's
+# python3 as .debs): nothing is fetched during the build (no registry, Debian mirror or
+# PyPI needs to be reachable from the build container).
 #
-# The base is pinned to a dated Debian 12 tag. Where no registry is reachable (CI), the
-# base is a debootstrap'ed bookworm rootfs imported under this exact name
-# (scripts/build-image.sh --import-base ROOTFS; tests/test_image_docker.py).
+# The base is pinned to a dated Debian 12 slim tag. It has no Python: the first stage
+# installs Debian's own python3 (3.11) from the .debs the script downloaded with this
+# base's apt. Where no registry is reachable (CI), the base is a `debootstrap
+# --variant=minbase bookworm` rootfs, as bare as the slim image (no python3), imported
+# under this exact name (scripts/debootstrap-rootfs.sh --bare, scripts/build-image.sh
+# --import-base ROOTFS; tests/test_image_docker.py).
 ARG BASE=debian:bookworm-20241111-slim
 
-FROM ${BASE} AS build
-# dist/image-wheels: the moptd wheel and its dependencies (scripts/build-image.sh)
+FROM ${BASE} AS python
+# dist/image-debs: python3 and the packages it needs that the base lacks (build-image.sh)
+COPY dist/image-debs/ /tmp/debs/
+# apt, not dpkg -i: it orders the installs by their Pre-Depends (python3-minimal needs
+# python3.11-minimal configured first). Every package is in /tmp/debs, and the build has
+# no network (apt's --no-download trips over local files: "Pathname to install is not
+# absolute").
+RUN DEBIAN_FRONTEND=noninteractive apt-get install -qq -y --no-install-recommends \
+        /tmp/debs/*.deb >/dev/null \
+    && rm -rf /tmp/debs /var/cache/apt/*.bin \
+    && python3 --version
+
+FROM python AS build
+# dist/image-wheels: the moptd wheel, its dependencies and pip (scripts/build-image.sh)
 COPY dist/image-wheels/ /wheels/
-RUN python3 -m venv /opt/moptd \
-    && /opt/moptd/bin/pip install --no-index --find-links /wheels --no-compile \
-        --disable-pip-version-check --no-cache-dir moptd \
-    # pip and setuptools only install things; the daemon needs neither
-    && /opt/moptd/bin/pip uninstall -y --disable-pip-version-check pip setuptools \
+# Debian's python3 has no ensurepip (that is python3-venv): the venv gets no pip, and pip
+# runs once from its own wheel, so neither pip nor setuptools is in the image.
+RUN python3 -m venv --without-pip /opt/moptd \
+    && pip_wheel="$(ls /wheels/pip-*.whl)" \
+    && /opt/moptd/bin/python "$pip_wheel/pip" install --no-index --find-links /wheels \
+        --no-compile --disable-pip-version-check --no-cache-dir moptd \
     && find /opt/moptd -name '__pycache__' -prune -exec rm -rf {} +
 
-FROM ${BASE}
+FROM python
 # an ARG before the first FROM is not seen inside a stage unless named again
 ARG BASE
 # scripts/build-image.sh passes moptd/__init__.py's __version__ (the default is checked
@@ -31,8 +48,8 @@ LABEL org.opencontainers.image.title="moptd" \
       org.opencontainers.image.source="https://github.com/moptd/moptd" \
       org.opencontainers.image.documentation="https://github.com/moptd/moptd/blob/main/docs/install.md" \
       org.opencontainers.image.base.name="${BASE}"
-# The venv's python is a link to the base's /usr/bin/python3 (Debian 12: 3.11), so both
-# stages use the same base.
+# The venv's python is a link to /usr/bin/python3 (Debian 12: 3.11) of the python stage,
+# so the build stage and this one both start from it.
 COPY --from=build /opt/moptd /opt/moptd
 COPY deploy/image/moptd.yaml /etc/moptd/moptd.yaml
 # A user of its own: with `docker run` moptd needs no root (NVML through the NVIDIA

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -234,3 +235,135 @@ def test_code_table_parser_never_raises(text):
     for code in checker.parse_codes(text):
         assert code[0].isalpha()
         assert code == code.upper()
+
+
+# --- Alertmanager inhibition: every rule can match (issue 34) ------------------------------
+
+FLEET = REPO / "docs" / "fleet.md"
+INHIBIT_TESTS = ALERTS / "moptd.inhibit.test.yaml"
+
+
+def _alertmanager_config() -> dict:
+    """docs/fleet.md's routing and inhibition, as operators copy it (and the fleet test
+    runs it)."""
+    text = FLEET.read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "inhibit_rules" in b)
+    return yaml.safe_load(block)
+
+
+def _matches(matcher: str, labels: dict[str, str]) -> bool:
+    """One Alertmanager matcher (name OP "value") against an alert's labels; a missing
+    label is the empty string, and regular expressions are anchored, as Alertmanager's."""
+    m = re.fullmatch(r'\s*(\w+)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*', matcher)
+    assert m, matcher
+    name, op, value = m.groups()
+    got = labels.get(name, "")
+    if op in ("=", "!="):
+        return (got == value) == (op == "=")
+    return (re.fullmatch(value, got) is not None) == (op == "=~")
+
+
+def _expand(values: str) -> list[float | None]:
+    """promtool's input_series notation: `a+bxn` is n+1 values from a, `_` a missing
+    sample, `stale` a staleness marker (both None here)."""
+    out: list[float | None] = []
+    for token in values.split():
+        if token in ("_", "stale"):
+            out.append(None)
+            continue
+        if re.fullmatch(r"_x\d+", token):
+            out.extend([None] * int(token[2:]))
+            continue
+        m = re.fullmatch(r"(-?[\d.]+(?:e[+-]?\d+)?)(?:([+-][\d.]+)?x(\d+))?", token)
+        assert m, token
+        start, step, times = float(m[1]), float(m[2] or 0), int(m[3] or 0)
+        out.extend(start + i * step for i in range(times + 1))
+    return out
+
+
+def _instance(series: str) -> str | None:
+    m = re.search(r'instance="([^"]*)"', series)
+    return m[1] if m else None
+
+
+def _firing_together(test: dict) -> dict[str, list[dict[str, str]]]:
+    """eval_time -> every alert the test expects firing then (alertname as a label)."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for case in test.get("alert_rule_test", []):
+        for alert in case.get("exp_alerts") or []:
+            labels = {"alertname": case["alertname"], **alert["exp_labels"]}
+            out.setdefault(case["eval_time"], []).append(labels)
+    return out
+
+
+def test_the_inhibition_scenarios_are_ones_prometheus_can_see():
+    """While up{instance=X} is 0, no other series of X has a sample: a failed scrape marks
+    all of the target's series stale. (The alert tests in moptd.rules.test.yaml keep a
+    down target's series going, which made the MoptdDown inhibit rule look useful.)"""
+    for test in yaml.safe_load(INHIBIT_TESTS.read_text())["tests"]:
+        series = {s["series"]: _expand(s["values"]) for s in test["input_series"]}
+        for name, ups in series.items():
+            if not name.startswith("up{"):
+                continue
+            down = {i for i, v in enumerate(ups) if v == 0}
+            for other, values in series.items():
+                if other == name or _instance(other) != _instance(name):
+                    continue
+                sampled = [i for i in down if i < len(values) and values[i] is not None]
+                assert not sampled, f"{other} has samples while {name} is 0 (steps {sampled})"
+
+
+def test_promtool_passes_the_inhibition_scenarios():
+    result = promtool("test", "rules", INHIBIT_TESTS.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_inhibit_rule_matches_alerts_that_fire_together():
+    """Each inhibit rule of docs/fleet.md has, in the promtool scenarios above, an instant
+    at which a source alert and a target alert fire with the `equal` labels alike. One
+    that has none can never hold anything back (docs/fleet.md's MoptdDown rule could not)."""
+    rules = _alertmanager_config()["inhibit_rules"]
+    assert rules
+    together = [
+        alerts
+        for test in yaml.safe_load(INHIBIT_TESTS.read_text())["tests"]
+        for alerts in _firing_together(test).values()
+    ]
+    for rule in rules:
+        matched = [
+            (source["alertname"], target["alertname"])
+            for alerts in together
+            for source in alerts
+            if all(_matches(m, source) for m in rule["source_matchers"])
+            for target in alerts
+            if target is not source
+            and all(_matches(m, target) for m in rule["target_matchers"])
+            and all(source.get(k, "") == target.get(k, "") for k in rule.get("equal", []))
+        ]
+        assert matched, f"inhibit rule {rule} matches no alerts that fire together"
+
+
+def test_the_matcher_reads_alertmanager_matchers():
+    labels = {"alertname": "MoptdCollectorFailing", "severity": "warning"}
+    assert _matches('alertname=~"MoptdCollector.*"', labels)
+    assert not _matches('alertname=~"Collector"', labels)  # anchored
+    assert _matches('severity=~"warning|info"', labels)
+    assert not _matches('code="GPU_LOST"', labels)
+    assert _matches('code!="GPU_LOST"', labels)
+    assert _expand("1x2 _ stale 0+5x2") == [1, 1, 1, None, None, 0, 5, 10]
+
+
+def test_the_alertmanager_configuration_checks(tmp_path):
+    """amtool, as an operator would after copying it (receivers added: the page leaves
+    them to the reader)."""
+    amtool = require_tool("amtool")
+    config = _alertmanager_config()
+    config["receivers"] = [
+        {"name": name, "webhook_configs": [{"url": "http://127.0.0.1:9/hook"}]}
+        for name in ("chat", "pager", "ticket-queue")
+    ]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([amtool, "check-config", str(path)], capture_output=True,
+                            text=True, check=False, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -51,7 +51,7 @@ def _complete(words: list[str]) -> list[str]:
 
 
 def test_bash_completes_commands_and_options() -> None:
-    assert _complete(["moptd", "re"]) == ["record", "replay"]
+    assert _complete(["moptd", "re"]) == ["record", "reload", "replay"]
     assert "--json" in _complete(["moptd", "replay", "--j"])
     assert set(_complete(["moptd", "rules", ""])) >= {"check", "test"}
 

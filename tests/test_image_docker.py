@@ -1,8 +1,11 @@
 """The container image (Dockerfile, scripts/build-image.sh) built and started against a real
-dockerd: no registry is reachable, so the base is the debootstrap'ed Debian 12 rootfs
-(scripts/debootstrap-rootfs.sh) imported under the name the Dockerfile pins. The image must
-come up on its own configuration with no GPU and no /dev/kmsg, serve /metrics and
-/v1/health, answer `moptd status` inside, report healthy, and stop on SIGTERM."""
+dockerd: no registry is reachable, so the base is a stand-in for the debian:bookworm-*-slim
+the Dockerfile pins, `debootstrap --variant=minbase bookworm` with nothing added
+(scripts/debootstrap-rootfs.sh --bare), imported under that name. Like the slim image it
+has no python3 (checked), so a Dockerfile that assumes one fails here as it would on the
+real base. The image must come up on its own configuration with no GPU and no /dev/kmsg,
+serve /metrics and /v1/health, answer `moptd status` inside, report healthy, and stop on
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ from moptd import __version__
 from tests.conftest import REPO, require_tool
 from tests.test_container_engines import _start_dockerd, _stop
 
-ROOTFS = Path(os.environ.get("MOPTD_ROOTFS", "/var/cache/moptd-ci/bookworm-rootfs"))
+# the bare stand-in (no systemd, no python3), not the nspawn test's MOPTD_ROOTFS
+ROOTFS = Path(os.environ.get("MOPTD_BASE_ROOTFS", "/var/cache/moptd-ci/bookworm-minbase"))
 DOCKERFILE = REPO / "Dockerfile"
 BUILD = REPO / "scripts" / "build-image.sh"
+NO_ROOTFS = f"no bare Debian 12 rootfs at {ROOTFS} (scripts/debootstrap-rootfs.sh --bare)"
 T = TypeVar("T")
 TAG = f"moptd-test:{__version__}"  # not the default tag: an operator's own build stays
 
@@ -55,7 +60,23 @@ def test_the_base_is_a_pinned_debian_12_tag() -> None:
     (base,) = re.findall(r"^ARG BASE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
     # a dated tag: the same bytes next month, unlike bookworm-slim or latest
     assert re.fullmatch(r"debian:bookworm-20\d{6}-slim", base), base
-    assert DOCKERFILE.read_text().count("FROM ${BASE}") == 2  # build stage + final stage
+    # one stage on the base (python3 added), the build stage and the final one on that
+    assert DOCKERFILE.read_text().count("FROM ${BASE}") == 1
+    assert DOCKERFILE.read_text().count("FROM python") == 2
+
+
+def test_the_stand_in_base_is_as_bare_as_the_slim_image() -> None:
+    """debian:bookworm-*-slim has no python3; a stand-in with one would let a Dockerfile
+    that forgets to install it pass here and fail on the real base (issue 34)."""
+    if not (ROOTFS / ".moptd-rootfs-complete").is_file():
+        _fail_or_skip(NO_ROOTFS)
+    for name in ("python3", "python3.11"):
+        assert not (ROOTFS / "usr/bin" / name).exists(), name
+    assert not (ROOTFS / "usr/lib/python3.11").exists()
+    status = (ROOTFS / "var/lib/dpkg/status").read_text()
+    installed = set(re.findall(r"^Package: (\S+)$", status, re.MULTILINE))
+    assert {"apt", "dpkg", "passwd", "bash"} <= installed  # what the slim image has too
+    assert not installed & {"python3", "python3-minimal", "systemd"}
 
 
 def test_the_dockerfile_version_default_is_the_package_version() -> None:
@@ -91,7 +112,7 @@ def dockerd() -> Iterator[dict[str, str]]:
     except importlib.metadata.PackageNotFoundError:
         _fail_or_skip("the build package (test extra) is not installed")
     if not (ROOTFS / ".moptd-rootfs-complete").is_file():
-        _fail_or_skip(f"no Debian 12 rootfs at {ROOTFS} (scripts/debootstrap-rootfs.sh)")
+        _fail_or_skip(NO_ROOTFS)
     # a short path: the socket's must fit in sockaddr_un (108 bytes)
     root = Path(f"/tmp/moptd-image-{os.getpid()}")
     root.mkdir()
@@ -148,6 +169,14 @@ def test_the_image_builds_starts_and_answers(dockerd: dict[str, str]) -> None:
     (base,) = re.findall(r"^ARG BASE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
     assert inspected["Labels"]["org.opencontainers.image.base.name"] == base
     assert inspected["Healthcheck"]["Test"][0] == "CMD"
+    # Debian's python3, installed from .debs; no pip or setuptools left in the venv
+    script = "readlink -f /opt/moptd/bin/python; ls /opt/moptd/lib/python3.11/site-packages"
+    listed = _docker(dockerd, "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh",
+                     TAG, "-c", script)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    python, *packages = listed.stdout.split()
+    assert python == "/usr/bin/python3.11"
+    assert not {p for p in packages if p.split("-")[0] in ("pip", "setuptools")}, packages
 
     name = f"moptd-image-test-{os.getpid()}"
     # no network (dockerd here has no bridge), no GPU, no /dev/kmsg: the image's own

@@ -6,7 +6,8 @@ wheel built here, installed offline into /opt/moptd. Booted, it runs `moptd
 install-service` and moptd.service with a managed `moptd-serving@demo.service`: a stand-in
 that prints a captured vLLM start-up log verbatim to stdout (so the lines reach the
 journal) and serves a captured vLLM /metrics page. Then moptd restarts, with api.group set
-to a group of its own, while the unit runs. Checked: the env file, no PORT_CONFLICT, no
+to a group of its own, while the unit runs, and `systemctl reload moptd` works on a rootfs
+without procps. Checked: the env file, no PORT_CONFLICT, no
 chown warning, the log-based signals (vLLM's version and the CUDA-graphs line come only
 from the log), the socket's group, and the daemon's RSS and task count (printed: the
 figures behind MemoryMax= / TasksMax= in systemd/moptd.service).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -271,6 +273,21 @@ def test_managed_serving_under_systemd_survives_a_moptd_restart(machine) -> None
     assert " 200 " in health
 
     pid = inside(leader, "systemctl show moptd.service -p MainPID --value").strip()
+    # `systemctl reload` on a host without procps (Debian's minbase has no /bin/kill, which
+    # the unit's ExecReload= was): moptd's own `moptd reload` sends the SIGHUP (issue 34)
+    assert inside(leader, "ls /bin/kill /usr/bin/kill 2>/dev/null || true").strip() == ""
+    since = inside(leader, "date +%s").strip()
+    inside(leader, "systemctl reload moptd.service", timeout=60)
+    wait_until(
+        "the rules reloaded after systemctl reload",
+        lambda: re.search(
+            r"reloaded \d+ rules from \d+ files",
+            inside(leader, f"journalctl -u moptd.service -o cat --no-pager --since @{since}"),
+        ),
+        timeout=30,
+    )
+    assert inside(leader, "systemctl show moptd.service -p MainPID --value").strip() == pid
+    assert inside(leader, "systemctl is-active moptd.service").strip() == "active"
     rss = inside(leader, f"grep -E '^(VmRSS|VmHWM|Threads)' /proc/{pid}/status")
     procs = inside(
         leader,

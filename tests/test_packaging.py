@@ -13,9 +13,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from collections.abc import Iterator
@@ -330,3 +332,63 @@ def test_the_oldest_nvml_binding_allowed_has_every_name_moptd_uses(
         zf.extract("pynvml.py", unpacked)
     names = pynvml_names(REPO / "moptd")
     assert missing_in_binding(str(installed.venv / "bin" / "python"), str(unpacked), names) == []
+
+
+# --- license, classifiers, project URLs (issue 34) -----------------------------------------
+
+
+def _label(name: str) -> str:
+    """An org.opencontainers.image.* label's value in the Dockerfile."""
+    text = (REPO / "Dockerfile").read_text()
+    (value,) = re.findall(rf'org\.opencontainers\.image\.{name}="([^"]*)"', text)
+    return value
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_wheel_says_its_license_classifiers_and_urls(installed: Installed) -> None:
+    """What an index, pip-licenses or a distribution packager reads from the wheel: the
+    license (the same as the image's label, the file itself beside it), classifiers that
+    agree with requires-python, and where the source and the documentation are."""
+    with zipfile.ZipFile(installed.wheel) as zf:
+        (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = email.parser.Parser().parsestr(zf.read(meta_name).decode())
+        licence = zf.read(meta_name.replace("METADATA", "licenses/LICENSE")).decode()
+    assert meta["License-Expression"] == _label("licenses") == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    assert licence == (REPO / "LICENSE").read_text()
+    assert "Apache License" in licence
+    assert "Version 2.0, January 2004" in licence
+    with tarfile.open(installed.sdist) as tf:
+        assert f"moptd-{__version__}/LICENSE" in tf.getnames()
+
+    classifiers = meta.get_all("Classifier") or []
+    assert not [c for c in classifiers if c.startswith("License ::")]  # PEP 639: the expression
+    assert "Operating System :: POSIX :: Linux" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert (REPO / "moptd" / "py.typed").is_file()
+    minors = sorted(
+        int(c.rsplit(".", 1)[1])
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
+    assert meta["Requires-Python"] == f">=3.{minors[0]}"
+    assert minors == list(range(minors[0], minors[-1] + 1))  # no gap
+
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
+    assert urls["Source"] == _label("source")
+    assert urls["Documentation"] == _label("documentation")
+    assert set(urls) >= {"Homepage", "Source", "Documentation", "Issues"}
+
+
+def test_the_docs_install_extras_from_the_wheel_not_an_index() -> None:
+    """No index serves moptd: `pip install 'moptd[web]'` finds nothing. Every pip install
+    of moptd in the docs names the built wheel, or a wheelhouse with --no-index, and every
+    extra it names exists."""
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in doc.read_text().splitlines():
+            for m in re.finditer(r"pip install\b[^`\n]*?'?(\S*moptd\S*?)\[([a-z,]+)\]", line):
+                where, named = m.groups()
+                assert where.endswith(".whl") or "--no-index" in line, f"{doc.name}: {line}"
+                assert set(named.split(",")) <= extras, f"{doc.name}: {line}"

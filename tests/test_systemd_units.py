@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -235,3 +236,54 @@ def test_limits_and_journal_group_are_set():
     assert re.search(r"^MemoryMax=1G$", text, re.M)
     assert re.search(r"^TasksMax=256$", text, re.M)
     assert re.search(r"^SupplementaryGroups=.*\bsystemd-journal\b", text, re.M)
+
+
+# --- systemctl reload: nothing outside moptd and systemd (issue 34) ------------------------
+
+
+def test_reload_needs_nothing_outside_moptd_and_systemd(installed):
+    """ExecReload= was /bin/kill (procps), missing on minimal hosts and in the image."""
+    shipped = (SYSTEMD / "moptd.service").read_text()
+    (reload_line,) = re.findall(r"^ExecReload=(.*)$", shipped, re.MULTILINE)
+    assert reload_line == "/usr/bin/moptd reload --pid $MAINPID"
+    unit = (installed / "etc/systemd/system/moptd.service").read_text()
+    assert f"ExecReload={sys.executable} reload --pid $MAINPID" in unit  # rewritten too
+
+
+def _moptd(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "moptd", *args], capture_output=True,
+                          text=True, timeout=60, env=env, check=False)  # fmt: skip
+
+
+def test_moptd_reload_makes_a_running_daemon_reload(tmp_path):
+    from tests.api_helpers import wait_for, wait_socket
+    from tests.daemon_proc import DaemonProcess
+
+    d = DaemonProcess(tmp_path).start()
+    try:
+        wait_socket(d.socket, d.proc)
+        assert "reloaded" not in d.log()
+        env = {k: v for k, v in os.environ.items() if k != "MAINPID"}
+        # as systemd runs it: the pid in $MAINPID (systemd substitutes it on the line too)
+        done = _moptd("reload", env={**env, "MAINPID": str(d.proc.pid)})
+        assert done.returncode == 0, done.stderr
+        assert f"pid {d.proc.pid}" in done.stdout
+        wait_for(lambda: re.search(r"reloaded \d+ rules from \d+ files", d.log()), 15)
+        assert d.proc.poll() is None  # SIGHUP reloads, it does not stop the daemon
+    finally:
+        d.stop()
+
+
+def test_moptd_reload_signals_nothing_but_moptd():
+    with subprocess.Popen(["sleep", "60"]) as other:
+        try:
+            refused = _moptd("reload", "--pid", str(other.pid))
+            assert refused.returncode == 1
+            assert f"pid {other.pid} is not a running `moptd run`: nothing sent" in refused.stderr
+            assert other.poll() is None  # a SIGHUP would have ended sleep
+        finally:
+            other.kill()
+    env = {k: v for k, v in os.environ.items() if k != "MAINPID"}
+    usage = _moptd("reload", env=env)
+    assert usage.returncode == 2
+    assert "--pid PID" in usage.stderr

@@ -7,15 +7,16 @@
 
 _shtab_moptd_rules_subparsers=(check test)
 _shtab_moptd_serving_subparsers=(status restart logs)
-_shtab_moptd_subparsers=(run status config doctor explain install-service record replay rules serving)
+_shtab_moptd_subparsers=(run status config doctor explain install-service record reload replay rules serving)
 
 _shtab_moptd_run_option_strings=(-h --help --config --log-level --collector --no-collector)
 _shtab_moptd_status_option_strings=(-h --help --config --json --offline)
-_shtab_moptd_config_option_strings=(-h --help --config --json)
+_shtab_moptd_config_option_strings=(-h --help --config --json --schema)
 _shtab_moptd_doctor_option_strings=(-h --help --config --json)
 _shtab_moptd_explain_option_strings=(-h --help --code --since -v --verbose --runbook --json --offline --bundle --config)
 _shtab_moptd_install_service_option_strings=(-h --help --prefix --dry-run --moptd)
 _shtab_moptd_record_option_strings=(-h --help --duration --interval --out --note --config --quiet)
+_shtab_moptd_reload_option_strings=(-h --help --pid)
 _shtab_moptd_replay_option_strings=(-h --help --json --diff -v --verbose --rules)
 _shtab_moptd_rules_check_option_strings=(-h --help --json)
 _shtab_moptd_rules_test_option_strings=(-h --help --no-coverage --json)
@@ -31,7 +32,7 @@ _shtab_moptd_option_strings=(-h --help --version)
 _shtab_moptd_run___log_level_choices=(debug info warning error)
 _shtab_moptd_rules_pos_0_choices=(check test)
 _shtab_moptd_serving_pos_0_choices=(status restart logs)
-_shtab_moptd_pos_0_choices=(run status config doctor explain install-service record replay rules serving)
+_shtab_moptd_pos_0_choices=(run status config doctor explain install-service record reload replay rules serving)
 
 _shtab_moptd_run__h_nargs=0
 _shtab_moptd_run___help_nargs=0
@@ -42,6 +43,7 @@ _shtab_moptd_status___offline_nargs=0
 _shtab_moptd_config__h_nargs=0
 _shtab_moptd_config___help_nargs=0
 _shtab_moptd_config___json_nargs=0
+_shtab_moptd_config___schema_nargs=0
 _shtab_moptd_doctor__h_nargs=0
 _shtab_moptd_doctor___help_nargs=0
 _shtab_moptd_doctor___json_nargs=0
@@ -58,6 +60,8 @@ _shtab_moptd_install_service___dry_run_nargs=0
 _shtab_moptd_record__h_nargs=0
 _shtab_moptd_record___help_nargs=0
 _shtab_moptd_record___quiet_nargs=0
+_shtab_moptd_reload__h_nargs=0
+_shtab_moptd_reload___help_nargs=0
 _shtab_moptd_replay_pos_0_nargs=+
 _shtab_moptd_replay__h_nargs=0
 _shtab_moptd_replay___help_nargs=0

@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(check)
     check.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    check.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the configuration file's JSON Schema (for editors and CI) instead",
+    )
     # Further commands live in moptd/cli/cmd_<name>.py, each with
     # add_parser(subparsers) that sets `func` on its parser.
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
@@ -100,6 +105,6 @@ def setup_logging(level: str) -> None:
     from moptd.daemon.sdnotify import log_formatter
 
     handler = logging.StreamHandler(sys.stderr)
-    # journald adds the time; the formatter adds <N> priority prefixes under journald
+    # under journald: <N> priority prefixes (journald adds the time); elsewhere a timestamp
     handler.setFormatter(log_formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])

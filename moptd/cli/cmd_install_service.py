@@ -18,6 +18,7 @@ from pathlib import Path
 from moptd.cli import EXIT_USAGE
 
 UNIT_EXEC = "ExecStart=/usr/bin/moptd "
+UNIT_RELOAD = "ExecReload=/usr/bin/moptd "  # `moptd reload`: no /bin/kill needed
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ def render(source: Path, name: str, executable: str) -> str:
     if name == "moptd.service":
         # systemd needs the absolute path of the moptd this command belongs to.
         text = text.replace(UNIT_EXEC, f"ExecStart={executable} ")
+        text = text.replace(UNIT_RELOAD, f"ExecReload={executable} ")
     return text
 
 
@@ -125,6 +127,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--prefix", metavar="DIR", help="install under DIR and run nothing")
     p.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
     p.add_argument(
-        "--moptd", metavar="PATH", help="moptd executable for ExecStart= (default: this one)"
+        "--moptd",
+        metavar="PATH",
+        help="moptd executable for ExecStart= and ExecReload= (default: this one)",
     )
     p.set_defaults(func=handler)

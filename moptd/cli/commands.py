@@ -52,6 +52,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    if args.schema:
+        # the file's shape, not a file: nothing is read, so a broken file cannot hide it
+        from moptd.config_schema import json_schema
+
+        json.dump(json_schema(registry()), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     config = load(args)
     if config is None:
         return EXIT_USAGE

@@ -56,5 +56,10 @@ EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
         (1, "no log yet; otherwise tail's or journalctl's own status"),
     ),
     "install-service": ((0, "installed (or shown, with --dry-run)"), (1, "installing failed")),
-    "config": ((0, "the configuration is valid and printed"),),
+    "reload": (
+        (0, "SIGHUP sent to the daemon"),
+        (1, "the pid is not a running `moptd run`, or it cannot be signalled"),
+        (2, "no pid: neither --pid nor $MAINPID"),
+    ),
+    "config": ((0, "the configuration is valid and printed (or the schema, with --schema)"),),
 }

@@ -193,6 +193,9 @@ class Daemon:
             )
         await self.diagnosis.start()
         self.remediator.start()
+        # Before listening: the first scrape names every collector (pending until it has
+        # started and run), not the 0-2 that had started when the port opened (issue 34).
+        self.runtime.register()
         try:
             await self._serve()
         except ListenError as exc:

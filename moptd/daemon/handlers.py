@@ -77,9 +77,17 @@ def _code(q: dict[str, str]) -> str | None:
     return q.get("code")
 
 
+SINCE_FORMS = "Unix seconds, an RFC 3339 time, or a duration back from now such as 1h"
+
+
 def _since(q: dict[str, str]) -> float | None:
+    """The one parser of `since` for every endpoint that takes it (findings, explain,
+    remediations): given, it must say a time; an empty `since=` is a mistake (a script's
+    unset variable), not "no bound"."""
     if "since" not in q:
         return None
+    if not q["since"].strip():
+        raise ApiError(400, f"since: empty; give {SINCE_FORMS}, or leave it out")
     try:
         return parse_since(q["since"], time.time())
     except ValueError as exc:

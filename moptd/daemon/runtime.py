@@ -83,6 +83,16 @@ class CollectorRuntime:
         now = self.store.clock.now()
         self.store.add_events([ev if ev.t <= now else replace(ev, t=now) for ev in events])
 
+    def register(self) -> None:
+        """Put every collector in the store with its state so far ("pending" before it
+        has started), so that /metrics names every one of them from its first answer: one
+        that has not run shows moptd_collector_success NaN (no `== 0` alert matches it),
+        not an absence that reads like a broken exporter. The daemon calls it before it
+        listens; start() calls it again once the collectors have started."""
+        now = time.time()
+        for health in self.health.values():
+            self._record_health(health, now)
+
     async def start(self, loops: bool = True) -> None:
         """Start every collector; with loops, also schedule each on its interval."""
         for name, (collector, _, _) in self.collectors.items():
@@ -93,11 +103,7 @@ class CollectorRuntime:
             except Exception as exc:  # noqa: BLE001 - one collector must not stop the daemon
                 log.warning("collector %s failed to start: %s", name, exc)
                 self._set_state(self.health[name], "failed", f"start: {exc}", time.time())
-        # Every collector is in /metrics from the first scrape: one that has not run yet
-        # shows moptd_collector_success NaN (no `== 0` alert matches it), not an absence
-        # that reads like a broken exporter.
-        for health in self.health.values():
-            self._record_health(health, time.time())
+        self.register()  # the states start() found: unavailable, failed, still pending
         if not loops:
             return
         for name in self.collectors:

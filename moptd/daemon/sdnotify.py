@@ -8,6 +8,7 @@ depend on which one is installed.
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import logging
 import os
@@ -127,8 +128,20 @@ def stream_is_journal(stream: TextIO = sys.stderr) -> bool:
         return False
 
 
+class TimestampFormatter(logging.Formatter):
+    """Starts every record with its time, RFC 3339 with milliseconds and the UTC offset
+    (2026-12-05T13:02:32.123+00:00): `docker logs`, a terminal or a file redirect carry no
+    time of their own, and a log line without one cannot be put beside a kernel or an
+    engine log. Under journald the journal stamps each line instead."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        when = dt.datetime.fromtimestamp(record.created, dt.UTC).astimezone()
+        return when.isoformat(timespec="milliseconds")
+
+
 def log_formatter(fmt: str, stream: TextIO = sys.stderr) -> logging.Formatter:
-    """The formatter for the daemon's log stream: with priorities under journald."""
+    """The formatter for the daemon's log stream: with priorities under journald, with a
+    timestamp anywhere else."""
     if stream_is_journal(stream):
         return JournalPrefixFormatter(fmt)
-    return logging.Formatter(fmt)
+    return TimestampFormatter("%(asctime)s " + fmt)
