@@ -192,7 +192,7 @@ class Daemon:
                 exc.strerror or exc,
             )
         await self.diagnosis.start()
-        self.remediator.start()
+        await self.remediator.start()
         try:
             await self._serve()
         except ListenError as exc:
