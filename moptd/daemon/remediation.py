@@ -152,8 +152,15 @@ class Remediator:
         state = await asyncio.wrap_future(
             self.diagnosis.db.resume_remediation(subject, since, INTERRUPTED, now)
         )
-        for key in state.interrupted:
-            log.warning("remediation %s: %s", key, INTERRUPTED)
+        for row in state.interrupted:
+            log.warning(
+                "remediation %s interrupted on %s (%s, decided %s): %s",
+                row["remedy"],
+                row["subject"],
+                row["code"],
+                _when(float(row["t"])),
+                INTERRUPTED,
+            )
         self.acted.extend(state.acted)
         self.suspended = state.suspended
         self.reset_at = state.reset_at

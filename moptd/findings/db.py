@@ -189,7 +189,8 @@ class RemediationState:
     suspended: dict[str, Any] | None  # the open circuit breaker: since, reason, code
     reset_at: float | None  # when an operator last closed it
     acted: list[float]  # when each remedy that ran was decided, oldest first
-    interrupted: list[str]  # keys of the audit rows reconciled from `verifying`
+    interrupted: list[dict[str, Any]]  # audit rows reconciled from `verifying`: key, remedy,
+    # code, subject, t
 
 
 class SchemaTooNew(Exception):
@@ -635,13 +636,14 @@ class FindingsDB:
     def _resume(
         self, conn: sqlite3.Connection, subject: str, since: float, why: str, now: float
     ) -> RemediationState:
-        interrupted: list[str] = []
+        interrupted: list[dict[str, Any]] = []
 
         def reconcile(c: sqlite3.Connection) -> None:
             rows = c.execute(
-                "SELECT key FROM remediations WHERE outcome = 'verifying' ORDER BY t, id"
+                "SELECT key, remedy, code, subject, t FROM remediations "
+                "WHERE outcome = 'verifying' ORDER BY t, id"
             ).fetchall()
-            interrupted.extend(str(r[0]) for r in rows)
+            interrupted.extend(dict(r) for r in rows)
             c.execute(
                 "UPDATE remediations SET outcome = 'interrupted', reason = ?, finished_at = ? "
                 "WHERE outcome = 'verifying'",
