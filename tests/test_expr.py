@@ -132,13 +132,13 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
             "__import__('os')",
             "unknown function '__import__' (functions: last, lowest, highest, "
             "avg, min, max, increase, rate, slope, changes, quantile, count, latest, present, "
-            "absent, abs)",
+            "absent, seen_for, abs)",
         ),
         (
             "open('/etc/passwd')",
             "unknown function 'open' (functions: last, lowest, highest, avg, "
             "min, max, increase, rate, slope, changes, quantile, count, latest, present, absent, "
-            "abs)",
+            "seen_for, abs)",
         ),
         ("gpu.util[0]", "Subscript is not allowed in a condition"),
         ("[x for x in [1]]", "ListComp is not allowed in a condition"),

@@ -209,7 +209,7 @@ class Rig:
 
     async def __aenter__(self) -> Rig:
         await self.diagnosis.start()
-        self.remediator.start()
+        await self.remediator.start()
         await self.managed.start()
         await until(lambda: self.managed.supervisor.pid is not None)
         return self

@@ -145,7 +145,7 @@ SIGNALS = [
         "count",
         "Remedies the remediation policy chose since moptd started, by the code that "
         "triggered them, the remedy and the outcome (done, dry-run, failed, "
-        "suppressed-by-guard); the audit trail is GET /v1/remediations.",
+        "interrupted, suppressed-by-guard); the audit trail is GET /v1/remediations.",
         "node",
         "moptd_remediations_total",
         labels=("code", "remedy", "outcome"),

@@ -324,6 +324,14 @@ SIGNALS += [
         "moptd_serving_starting",
     ),
     _s(
+        "stopping",
+        "gauge",
+        "bool",
+        "1 while moptd itself stops the managed serving process (a stop, an operator's or a "
+        "remedy's restart): its probes failing then are the stop, not a fault.",
+        "moptd_serving_stopping",
+    ),
+    _s(
         "restarts",
         "counter",
         "count",

@@ -192,7 +192,7 @@ class Daemon:
                 exc.strerror or exc,
             )
         await self.diagnosis.start()
-        self.remediator.start()
+        await self.remediator.start()
         # Before listening: the first scrape names every collector (pending until it has
         # started and run), not the 0-2 that had started when the port opened (issue 34).
         self.runtime.register()

@@ -11,8 +11,14 @@ the supervisor's (asynchronous), the writes go to the database's own thread.
 
 After ``breaker_count`` remedies within ``breaker_window`` the next one trips the breaker:
 moptd stops acting on that engine and raises REMEDIATION_SUSPENDED (layer moptd) until an
-operator restarts the engine (``moptd serving restart``) or moptd itself restarts; the
-breaker's state is kept in memory only.
+operator restarts the engine (``moptd serving restart``).
+
+The guards' state lives in the findings database, not in memory alone: the open breaker
+(table remediation_state) and the remedies that ran (the audit rows, for the breaker and
+the rate limit) are read back at start, so a restart of moptd, or a crash under
+Restart=on-failure, neither closes the breaker nor resets the rate limit. A remedy that was
+still being verified when moptd died is reconciled at start: its row becomes `interrupted`,
+with why.
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ ACTOR = "moptd"
 SUSPENDED = "REMEDIATION_SUSPENDED"
 BREAKER_RULE = "remediation-breaker"
 RUNBOOK = "docs/runbooks/REMEDIATION_SUSPENDED.md"
-OUTCOMES = ("done", "dry-run", "failed", "suppressed-by-guard")
+OUTCOMES = ("done", "dry-run", "failed", "interrupted", "suppressed-by-guard")
+INTERRUPTED = (
+    "moptd stopped (killed, crashed or restarted) while it verified this remedy; the "
+    "finding it answered is judged afresh from the evidence after the restart"
+)
 KEEP_EVERY = 5.0  # seconds between checks that the breaker's finding is still in force
 
 
@@ -97,6 +107,7 @@ class Remediator:
         self.clock = clock
         self.acted: deque[float] = deque(maxlen=1000)  # when each remedy ran (dry-run too)
         self.suspended: dict[str, Any] | None = None  # the open breaker: since, reason
+        self.reset_at: float | None = None  # when an operator last closed the breaker
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.in_flight: Audit | None = None
         self.readiness_for: tuple[str, str] | None = None  # the finding readiness is off for
@@ -109,12 +120,9 @@ class Remediator:
 
     # --- lifecycle ---
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        await self._resume()
         self.diagnosis.listeners.append(self.on_transitions)
-        # a breaker finding kept across a restart of moptd: the breaker starts closed
-        for f in list(self.diagnosis.rules.active()):
-            if f.rule == BREAKER_RULE:
-                self._resolve_breaker(f, "moptd restarted; the circuit breaker starts closed")
         self._publish()
         self._spawn(self._keep_raised())
         if self.policy.enabled:
@@ -133,6 +141,43 @@ class Remediator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def _resume(self) -> None:
+        """The guards as the last moptd left them (the database's own thread reads them)."""
+        now = self.clock()
+        subject = self.subject
+        if subject is None:
+            return
+        g = self.policy.guards
+        since = now - max(g.breaker_window, g.min_interval)
+        state = await asyncio.wrap_future(
+            self.diagnosis.db.resume_remediation(subject, since, INTERRUPTED, now)
+        )
+        for row in state.interrupted:
+            log.warning(
+                "remediation %s interrupted on %s (%s, decided %s): %s",
+                row["remedy"],
+                row["subject"],
+                row["code"],
+                _when(float(row["t"])),
+                INTERRUPTED,
+            )
+        self.acted.extend(state.acted)
+        self.suspended = state.suspended
+        self.reset_at = state.reset_at
+        breaker = self._breaker_finding()
+        if self.suspended is None:
+            if breaker is not None:  # a breaker finding whose state did not survive
+                self._resolve_breaker(breaker, "the circuit breaker is closed")
+        else:
+            log.error(
+                "remediation on %s stays suspended (since %s): %s",
+                subject,
+                _when(self.suspended["since"]),
+                self.suspended["reason"],
+            )
+            if breaker is None:
+                self._raise_breaker(now)
+
     def set_policy(self, policy: Policy) -> None:
         """A policy read again (SIGHUP), already checked whole: in force from now on."""
         self.policy = policy
@@ -148,6 +193,8 @@ class Remediator:
             return
         self.suspended = None
         self.acted.clear()
+        self.reset_at = self.clock()
+        self._save_state()
         f = self._breaker_finding()
         if f is not None:
             self._resolve_breaker(f, why)
@@ -276,7 +323,7 @@ class Remediator:
             else:
                 self._finish(audit, "done", f"{audit.code} resolved after {_what(entry)}")
         except asyncio.CancelledError:
-            self._finish(audit, "failed", "moptd stopped before the remedy was verified")
+            self._finish(audit, "interrupted", "moptd stopped before the remedy was verified")
             raise
         except Exception as exc:  # a remedy that fails is recorded, never fatal to moptd
             log.exception("remediation %s failed", entry.name)
@@ -292,9 +339,10 @@ class Remediator:
         reason = (
             f"circuit breaker: {g.breaker_count} remedies within "
             f"{format_duration(g.breaker_window)}; moptd stops acting on {tr.subject} until "
-            "`moptd serving restart` (or a restart of moptd)"
+            "`moptd serving restart`"
         )
         self.suspended = {"since": now, "reason": reason, "code": tr.code}
+        self._save_state()
         log.error("remediation suspended: %s", reason)
         self._raise_breaker(now)
         return reason
@@ -382,6 +430,10 @@ class Remediator:
 
     def _write(self, audit: Audit) -> None:
         self.diagnosis.db.record_remediation(audit.record())
+
+    def _save_state(self) -> None:
+        if self.subject is not None:
+            self.diagnosis.db.save_remediation_state(self.subject, self.suspended, self.reset_at)
 
     def _publish(self) -> None:
         batch = Batch()

@@ -32,7 +32,7 @@ Compiled = Callable[["Env"], object]
 CONSTANTS: dict[str, float] = {name.upper(): float(bit) for bit, name in CLOCK_EVENT_REASONS}
 
 WINDOW_FUNCS = ("avg", "min", "max", "increase", "rate", "slope", "changes")
-WINDOWED = frozenset({*WINDOW_FUNCS, "quantile", "count"})  # calls that read a window
+WINDOWED = frozenset({*WINDOW_FUNCS, "quantile", "count", "seen_for"})  # read a window
 SUMMED = frozenset({"increase", "rate", "changes"})  # summed over label sets, else max
 FUNCTIONS = (
     "last",
@@ -44,6 +44,7 @@ FUNCTIONS = (
     "latest",
     "present",
     "absent",
+    "seen_for",
     "abs",
 )
 
@@ -56,8 +57,8 @@ _DURATION = re.compile(
 _DUR_NAME = re.compile(r"__d_(\d+)")
 
 # What one expression may cost, checked at load so that no rule file can make the loader or
-# a tick expensive (docs/rules.md "Limits"). The largest shipped expression has 90 tokens,
-# 59 nodes and depth 6 after macro expansion, and its longest number has 10 characters
+# a tick expensive (docs/rules.md "Limits"). The largest shipped expression has 99 tokens,
+# 64 nodes and depth 7 after macro expansion, and its longest number has 10 characters
 # (tests/test_rule_limits.py measures them).
 MAX_TOKENS = 500  # in one condition's text: bounds the depth ast.parse recurses to
 MAX_DEPTH = 32  # nesting after macro expansion: bounds the compiler's recursion
@@ -124,7 +125,9 @@ class Stamp:
     generation: moptd.store.series.REVIVED_AFTER, shorter than ``stale_after``) or when a
     series turns stale (``until`` is the earliest time one does). A count changes with
     a new event in its stream (the stream's count of appended events) or when its oldest
-    counted event leaves the window. A window function holds while the window has nothing
+    counted event leaves the window. ``seen_for`` changes with a new generation too (a
+    first value, a series seen again after a silence) or when the series has been seen for
+    its whole window (``until`` then). A window function holds while the window has nothing
     in it or only the value carried in from before it (Series.constant_until); points
     inside the window move it with the clock: unbounded."""
 
@@ -544,7 +547,7 @@ class Compiler:
         if not args:
             raise self._err(f"{fname}() needs a signal", node)
         spec = self._signal(args[0], st)
-        windowed = fname in (*WINDOW_FUNCS, "quantile")
+        windowed = fname in (*WINDOW_FUNCS, "quantile", "seen_for")
         want = 2 if windowed else 1
         if len(args) != want:
             sig = f"{fname}(SIGNAL, WINDOW)" if windowed else f"{fname}(SIGNAL)"
@@ -688,7 +691,7 @@ class Compiler:
                 return env.store.signal_subjects(name)
             return (env.subject,)
 
-        point_read = fname in ("last", "lowest", "highest", "present", "absent")
+        point_read = fname in ("last", "lowest", "highest", "present", "absent", "seen_for")
         method: Callable[..., float | int | None] | None = (
             None if point_read or fname == "quantile" else getattr(Series, fname)
         )
@@ -750,6 +753,13 @@ class Compiler:
                         if seen + stale_after < until:
                             until = seen + stale_after
                         v = series.last()
+                        if fname == "seen_for":
+                            # seen for the whole window without a gap: false until then
+                            # (observed_since moves only with an append, a new generation)
+                            covered_at = series.observed_since + window
+                            v = 1.0 if now >= covered_at else 0.0
+                            if now < covered_at < until:
+                                until = math.nextafter(covered_at, -math.inf)
                     else:
                         v = one(series, now)
                         bound = series.constant_until(now, window)
@@ -770,6 +780,8 @@ class Compiler:
                 result = text
             elif summed:
                 result = sum(values)
+            elif fname == "seen_for":
+                result = min(values) == 1.0  # every label set seen for the whole window
             elif fname == "lowest":
                 result = min(values)
             else:

@@ -121,9 +121,29 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX remediations_t ON remediations(t);
     CREATE INDEX remediations_finding ON remediations(finding_id);
     """,
+    # The remediation guards' state that outlives a restart of moptd: per engine subject,
+    # the open circuit breaker (JSON, NULL while closed) and when an operator last closed
+    # it (remedies before that no longer count for the breaker or the rate limit). The
+    # remedies that ran are the audit rows themselves.
+    """
+    CREATE TABLE remediation_state (
+        id INTEGER PRIMARY KEY,
+        subject TEXT NOT NULL UNIQUE,
+        suspended TEXT,
+        reset_at REAL,
+        updated_at REAL NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
-TABLES = ("findings", "transitions", "events", "positions", "remediations")  # parents first
+TABLES = (  # parents first
+    "findings",
+    "transitions",
+    "events",
+    "positions",
+    "remediations",
+    "remediation_state",
+)
 
 
 # While in memory after a failed write, the file is tried again after RETRY_FIRST seconds,
@@ -160,6 +180,17 @@ def log_position_of(ev: Event) -> LogPosition | None:
     ):
         return None
     return LogPosition(source, boot_id, seq, cursor if isinstance(cursor, str) else "")
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationState:
+    """What the remediation guards of one engine resume from (FindingsDB.resume_remediation)."""
+
+    suspended: dict[str, Any] | None  # the open circuit breaker: since, reason, code
+    reset_at: float | None  # when an operator last closed it
+    acted: list[float]  # when each remedy that ran was decided, oldest first
+    interrupted: list[dict[str, Any]]  # audit rows reconciled from `verifying`: key, remedy,
+    # code, subject, t
 
 
 class SchemaTooNew(Exception):
@@ -584,6 +615,59 @@ class FindingsDB:
     ) -> list[dict[str, Any]]:
         return self.call(lambda c: query_remediations(c, since, subject, limit))
 
+    def save_remediation_state(
+        self, subject: str, suspended: Mapping[str, Any] | None, reset_at: float | None
+    ) -> concurrent.futures.Future[None]:
+        """The circuit breaker of one engine as it is now (moptd.daemon.remediation)."""
+        state = (subject, None if suspended is None else _json(dict(suspended)), reset_at)
+        now = time.time()
+        return self.submit(
+            lambda _c: self._write(lambda c: _upsert_remediation_state(c, *state, now))
+        )
+
+    def resume_remediation(
+        self, subject: str, since: float, why: str, now: float
+    ) -> concurrent.futures.Future[RemediationState]:
+        """At start: the guards' state of one engine as the last moptd left it. Audit rows
+        still `verifying` (moptd died while it waited for a remedy's finding to resolve)
+        become `interrupted`, with `why`; they count as remedies that ran."""
+        return self.submit(lambda c: self._resume(c, subject, since, why, now))
+
+    def _resume(
+        self, conn: sqlite3.Connection, subject: str, since: float, why: str, now: float
+    ) -> RemediationState:
+        interrupted: list[dict[str, Any]] = []
+
+        def reconcile(c: sqlite3.Connection) -> None:
+            rows = c.execute(
+                "SELECT key, remedy, code, subject, t FROM remediations "
+                "WHERE outcome = 'verifying' ORDER BY t, id"
+            ).fetchall()
+            interrupted.extend(dict(r) for r in rows)
+            c.execute(
+                "UPDATE remediations SET outcome = 'interrupted', reason = ?, finished_at = ? "
+                "WHERE outcome = 'verifying'",
+                (why, now),
+            )
+
+        self._write(reconcile)
+        c = self._conn_or(conn)
+        row = c.execute(
+            "SELECT suspended, reset_at FROM remediation_state WHERE subject = ?", (subject,)
+        ).fetchone()
+        suspended = json.loads(row["suspended"]) if row is not None and row["suspended"] else None
+        reset_at = row["reset_at"] if row is not None else None
+        start = since if reset_at is None else max(since, float(reset_at))
+        acted = [
+            float(r[0])
+            for r in c.execute(
+                "SELECT t FROM remediations WHERE subject = ? AND t > ? AND outcome IN "
+                "('verifying', 'done', 'dry-run', 'failed', 'interrupted') ORDER BY t",
+                (subject, start),
+            )
+        ]
+        return RemediationState(suspended, reset_at, acted, interrupted)
+
     def load_position(self, source: str) -> LogPosition | None:
         """The committed position of a log (blocking); None when none was committed."""
         return self.call(lambda c: _select_position(c, source))
@@ -923,6 +1007,21 @@ def _upsert_remediation(c: sqlite3.Connection, rec: Mapping[str, Any]) -> None:
         "(SELECT id FROM findings WHERE rule = ? AND subject = ? ORDER BY id DESC LIMIT 1)) "
         f"ON CONFLICT(key) DO UPDATE SET {updates}",
         (*sets.values(), rec["rule"], rec["subject"]),
+    )
+
+
+def _upsert_remediation_state(
+    c: sqlite3.Connection,
+    subject: str,
+    suspended: str | None,
+    reset_at: float | None,
+    now: float,
+) -> None:
+    c.execute(
+        "INSERT INTO remediation_state (subject, suspended, reset_at, updated_at) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT(subject) DO UPDATE SET suspended = excluded.suspended, "
+        "reset_at = excluded.reset_at, updated_at = excluded.updated_at",
+        (subject, suspended, reset_at, now),
     )
 
 

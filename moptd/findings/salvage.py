@@ -24,7 +24,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-TABLES = ("findings", "transitions", "events")  # parents first; positions: see above
+# parents first; positions: see above. The remediation audit and the guards' state (the
+# open circuit breaker) are kept too: without them a salvage would close the breaker.
+TABLES = ("findings", "transitions", "events", "remediations", "remediation_state")
 MAX_PROBES = 4096  # per table: failed reads before what is left of it is given up
 _FIRST_ID = -(1 << 63)
 
@@ -43,6 +45,7 @@ class Salvage:
             f"{self.copied.get(t, 0)} {t}"
             + (f" ({self.skipped[t]} lost)" if self.skipped.get(t) else "")
             for t in TABLES
+            if t in TABLES[:3] or self.copied.get(t) or self.skipped.get(t)
         )
         tail = (
             "log positions kept"

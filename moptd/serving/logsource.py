@@ -50,6 +50,7 @@ def fill_managed(
     b.add("serving.process_up", subject, 1.0 if pid is not None else 0.0)
     b.add("serving.crash_loop", subject, 1.0 if state == "crash_loop" else 0.0)
     b.add("serving.starting", subject, 1.0 if pid is not None and not st.started else 0.0)
+    b.add("serving.stopping", subject, 1.0 if state == "stopping" else 0.0)
     seqs = flag_value(command, "--max-num-seqs")
     if seqs is not None and seqs.isdigit():
         b.add("serving.max_num_seqs", subject, float(seqs))

@@ -29,7 +29,16 @@ REVIVED_AFTER = 60.0
 
 
 class Series:
-    __slots__ = ("_base", "_sliding", "_start", "_t", "_v", "last_seen", "max_points")
+    __slots__ = (
+        "_base",
+        "_sliding",
+        "_start",
+        "_t",
+        "_v",
+        "last_seen",
+        "max_points",
+        "observed_since",
+    )
 
     def __init__(self, max_points: int = 4096) -> None:
         self._t = array("d")
@@ -40,6 +49,11 @@ class Series:
         # windows of at least SLIDING_FROM points, which is where walking them costs
         self._sliding: dict[tuple[str, float], SlidingAggregate] | None = None
         self.last_seen = -math.inf
+        # Since when the series has been seen without a silence longer than REVIVED_AFTER:
+        # points are stored only when the value changes, so a value carried across a gap
+        # (moptd not running, a forward clock jump) reads as if it had held all along; this
+        # says how long there is evidence that it did (the rules' seen_for()).
+        self.observed_since = math.inf
         self.max_points = max_points
 
     # --- writing ---
@@ -48,9 +62,11 @@ class Series:
         """Record a value seen at t; True when it is a new point (the value changed) or
         the series comes back after REVIVED_AFTER seconds unseen."""
         n = len(self._t)
+        if n > self._start and t < self._t[-1]:
+            return False  # out of order: the store is append-only
+        if not t - self.last_seen <= REVIVED_AFTER:  # the first value, or after a silence
+            self.observed_since = t
         if n > self._start:
-            if t < self._t[-1]:
-                return False  # out of order: the store is append-only
             if v == self._v[-1] or (math.isnan(v) and math.isnan(self._v[-1])):
                 revived = t - self.last_seen > REVIVED_AFTER
                 self.last_seen = max(self.last_seen, t)

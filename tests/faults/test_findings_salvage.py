@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 
 from moptd.findings.db import FILE_NAME, FindingsDB, transition_record
-from moptd.findings.salvage import salvage
+from moptd.findings.salvage import TABLES, salvage
 from moptd.kernel.kmsg import POSITION_FIELD
 from moptd.observations import Event
 
@@ -167,7 +167,7 @@ def test_a_new_file_that_refuses_writes_gets_nothing_and_nothing_raises(tmp_path
         pass  # a migrated, empty database
     new = sqlite3.connect(f"file:{target}?mode=ro", uri=True, isolation_level=None)
     out = salvage(path, new)
-    assert out.copied == {"findings": 0, "transitions": 0, "events": 0}
+    assert out.copied == dict.fromkeys(TABLES, 0)
     assert out.skipped["findings"] >= 1
     assert not out.positions_kept
     new.close()

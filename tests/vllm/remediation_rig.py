@@ -57,7 +57,7 @@ class RemediationRig:
 
     async def __aenter__(self) -> RemediationRig:
         await self.diagnosis.start()
-        self.remediator.start()
+        await self.remediator.start()
         await self.h.start()
         self._collect = asyncio.create_task(self._collect_loop())
         return self
