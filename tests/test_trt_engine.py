@@ -296,7 +296,7 @@ def _records(name: str) -> list[dict[str, object]]:
         ("insightface-2882.txt", [("trt_engine_device", "8.6", "8.9")]),
         (
             "cosyvoice-1600.txt",
-            [("trt_engine_device", "8.9", "9.0")],
+            [("trt_engine_device", "8.9", "9.0"), ("trt_deserialize_failed", "", "")],
         ),
         ("tensorrt-llm-452.txt", [("trt_plugin_missing", "Gemmtensorrt_llm", "")]),
         (
