@@ -21,6 +21,7 @@ from moptd.cli import EXIT_USAGE
 
 EXIT_BUNDLE = 2  # no runbook for the code
 EXIT_BAD_INPUT = 3  # a bundle or pasted file that could not be used, as `moptd replay`
+EXIT_BLIND = 4  # a source could not be read (the kernel log): no finding is no all-clear
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -129,7 +130,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from moptd.cli.explain_remedies import print_remedies  # "What moptd did"
 
         print_remedies(view)
-    return EXIT_BAD_INPUT if view.get("unusable") else 0
+    return EXIT_BAD_INPUT if view.get("unusable") else EXIT_BLIND if view.get("blind") else 0
 
 
 def print_runbook(code: str | None) -> int:
@@ -171,6 +172,7 @@ def daemon_view(
         "notes": [],
         "findings": list(body["findings"]),
         "gpus": body.get("gpus", []),
+        "blind": list(body.get("blind") or []),
     }, ""
 
 
@@ -192,16 +194,19 @@ def offline_view(config: Any, since: float | None) -> dict[str, Any]:
             f"Findings marked #N are as the daemon last recorded them in {path}; "
             "they may have changed since it stopped."
         )
-    live, gpus = asyncio.run(_collect_and_diagnose(config))
+    live, gpus, blind = asyncio.run(_collect_and_diagnose(config))
     notes.append("Ran one collection pass here and evaluated the rules on it.")
     keys = {(f["rule"], f["subject"]) for f in recorded}
     merged = recorded + [f for f in live if (f["rule"], f["subject"]) not in keys]
-    return {"source": "offline", "notes": notes, "findings": merged, "gpus": gpus}
+    return {"source": "offline", "notes": notes, "findings": merged, "gpus": gpus, "blind": blind}
 
 
-async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+async def _collect_and_diagnose(
+    config: Any,
+) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
     from moptd.clock import SystemClock
     from moptd.daemon.app import make_runtime
+    from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.diagnose.service import RuleService
     from moptd.findings.service import steps_of
@@ -221,7 +226,7 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
         d["source"] = "this pass"
         out.append(d)
     gpus = status_view(store, runtime.health.values()).get("gpus", [])
-    return out, gpus
+    return out, gpus, blind_sources(h.as_dict() for h in runtime.health.values())
 
 
 def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
