@@ -84,3 +84,23 @@ def test_an_xid_read_at_start_fires_since_its_own_time(tmp_path: Path) -> None:
         assert abs(float(lost["first_seen"]) - written) < 2.0, (lost["first_seen"], written)
     finally:
         d.stop()
+
+
+def test_explain_of_a_gpu_the_host_lacks_says_so(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    d = DaemonProcess(tmp_path).start()
+    try:
+        wait_socket(d.socket, d.proc, timeout=30)
+        out = subprocess.run(
+            [sys.executable, "-m", "moptd", "explain", "gpu:7", "--config", str(d.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        d.stop()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "No active findings" not in out.stdout
+    assert out.stderr.startswith("moptd explain: No GPU gpu:7 on this host (GPUs: ")

@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_explain(args: argparse.Namespace) -> int:
     from moptd.cli.commands import load
     from moptd.daemon.http import parse_since
-    from moptd.findings.matching import chosen
+    from moptd.findings.matching import chosen, unknown_gpu
 
     now = time.time()
     since = None
@@ -119,6 +119,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
     add_related(view["findings"])
+    # this host's answer (not a bundle's): "No active findings for gpu:7" if there is none
+    host = not args.bundle and not view["findings"]
+    missing = unknown_gpu(args.subject, view.get("gpus", [])) if host else None
+    if missing:
+        print(f"moptd explain: {missing}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         shown = {k: v for k, v in view.items() if k not in ("gpus", "unusable")}
         json.dump(shown, sys.stdout, indent=2, default=str)

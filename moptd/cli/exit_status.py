@@ -30,7 +30,11 @@ EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
     ),
     "explain": (
         (0, "printed"),
-        (2, "an unknown --code, a bad --since, or --runbook for a code without a runbook"),
+        (
+            2,
+            "an unknown --code, a bad --since, --runbook for a code without a runbook, or a "
+            "GPU the host does not have",
+        ),
         (3, "a --bundle input could not be used at all"),
         (4, "printed, but the kernel log could not be read: Xids unknown, no all-clear"),
     ),
