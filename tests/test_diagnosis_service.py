@@ -200,7 +200,7 @@ async def _assembled(s: aiohttp.ClientSession, since: float | None) -> dict:
         async with s.get(f"http://x/v1/findings/{f['id']}") as resp:
             full = await resp.json()
         detailed.append({**full, **{k: v for k, v in f.items() if k in ("steps", "evidence")}})
-    return {"gpus": status["gpus"], "findings": detailed}
+    return {"gpus": status["gpus"], "findings": detailed, "blind": status["blind"]}
 
 
 async def test_explain_answers_in_one_request_what_took_two_plus_n(tmp_path):

@@ -166,6 +166,15 @@ SIGNALS = [
         "(docs/xid.md).",
         ("message",),
     ),
+    _ev(
+        "kernel.log_gap",
+        "node",
+        "moptd's own: kernel-log records were overwritten before it read them (a gap in "
+        "/dev/kmsg sequence numbers: the ring wrapped while it read, EPIPE, or while it was "
+        "down). lost is the number of records in this gap, total the count since moptd "
+        "started; what they said is unknown (KERNEL_LOG_RECORDS_LOST).",
+        ("lost", "total", "source"),
+    ),
     # --- kernel-log counters ---
     SignalSpec(
         "kernel.records_read",

@@ -21,6 +21,7 @@ from moptd.cli import EXIT_USAGE
 
 EXIT_BUNDLE = 2  # no runbook for the code
 EXIT_BAD_INPUT = 3  # a bundle or pasted file that could not be used, as `moptd replay`
+EXIT_BLIND = 4  # a source could not be read (the kernel log): no finding is no all-clear
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_explain(args: argparse.Namespace) -> int:
     from moptd.cli.commands import load
     from moptd.daemon.http import parse_since
-    from moptd.findings.matching import chosen
+    from moptd.findings.matching import chosen, unknown_gpu
 
     now = time.time()
     since = None
@@ -118,6 +119,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
     add_related(view["findings"])
+    # this host's answer (not a bundle's): "No active findings for gpu:7" if there is none
+    host = not args.bundle and not view["findings"]
+    missing = unknown_gpu(args.subject, view.get("gpus", [])) if host else None
+    if missing:
+        print(f"moptd explain: {missing}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         shown = {k: v for k, v in view.items() if k not in ("gpus", "unusable")}
         json.dump(shown, sys.stdout, indent=2, default=str)
@@ -129,7 +136,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from moptd.cli.explain_remedies import print_remedies  # "What moptd did"
 
         print_remedies(view)
-    return EXIT_BAD_INPUT if view.get("unusable") else 0
+    return EXIT_BAD_INPUT if view.get("unusable") else EXIT_BLIND if view.get("blind") else 0
 
 
 def print_runbook(code: str | None) -> int:
@@ -171,6 +178,7 @@ def daemon_view(
         "notes": [],
         "findings": list(body["findings"]),
         "gpus": body.get("gpus", []),
+        "blind": list(body.get("blind") or []),
     }, ""
 
 
@@ -192,16 +200,19 @@ def offline_view(config: Any, since: float | None) -> dict[str, Any]:
             f"Findings marked #N are as the daemon last recorded them in {path}; "
             "they may have changed since it stopped."
         )
-    live, gpus = asyncio.run(_collect_and_diagnose(config))
+    live, gpus, blind = asyncio.run(_collect_and_diagnose(config))
     notes.append("Ran one collection pass here and evaluated the rules on it.")
     keys = {(f["rule"], f["subject"]) for f in recorded}
     merged = recorded + [f for f in live if (f["rule"], f["subject"]) not in keys]
-    return {"source": "offline", "notes": notes, "findings": merged, "gpus": gpus}
+    return {"source": "offline", "notes": notes, "findings": merged, "gpus": gpus, "blind": blind}
 
 
-async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+async def _collect_and_diagnose(
+    config: Any,
+) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
     from moptd.clock import SystemClock
     from moptd.daemon.app import make_runtime
+    from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.diagnose.service import RuleService
     from moptd.findings.service import steps_of
@@ -221,7 +232,7 @@ async def _collect_and_diagnose(config: Any) -> tuple[list[dict[str, Any]], list
         d["source"] = "this pass"
         out.append(d)
     gpus = status_view(store, runtime.health.values()).get("gpus", [])
-    return out, gpus
+    return out, gpus, blind_sources(h.as_dict() for h in runtime.health.values())
 
 
 def bundle_view(inputs: list[str]) -> dict[str, Any] | None:

@@ -13,6 +13,8 @@ from moptd.cli import EXIT_USAGE, setup_logging
 from moptd.collectors import registry
 from moptd.config import Config, ConfigError, find_config_path, load_config
 
+EXIT_BLIND = 4  # a source could not be read (the kernel log): no finding is no all-clear
+
 
 def load(args: argparse.Namespace) -> Config | None:
     try:
@@ -109,15 +111,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     if view is None:
         view = asyncio.run(offline_status(config))
     view["note"] = note
+    blind = view.get("blind") or []  # a source not read: no finding below is an all-clear
     if args.json:
         json.dump(view, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         from moptd.cli.render_explain import print_status_findings
 
+        for line in blind:
+            print(line)
         render.print_status(view)
         print_status_findings(view)
-    return 0
+    return EXIT_BLIND if blind else 0
 
 
 async def offline_status(config: Config) -> dict[str, Any]:
@@ -126,6 +131,7 @@ async def offline_status(config: Config) -> dict[str, Any]:
     import time
 
     from moptd.daemon.app import make_runtime
+    from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.store import SignalStore
 
@@ -133,4 +139,6 @@ async def offline_status(config: Config) -> dict[str, Any]:
     store = SignalStore()
     runtime = make_runtime(config, store)
     await runtime.collect_once(again=("host",))
-    return status_view(store, runtime.health.values(), time.time())
+    view = status_view(store, runtime.health.values(), time.time())
+    view["blind"] = blind_sources(h.as_dict() for h in runtime.health.values())
+    return view

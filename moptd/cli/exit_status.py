@@ -24,11 +24,19 @@ EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
         ),
         (2, "the configuration or exporter.web_config_file does not load (file, line and key)"),
     ),
-    "status": ((0, "printed (from the daemon, or one collection pass here when it is down)"),),
+    "status": (
+        (0, "printed (from the daemon, or one collection pass here when it is down)"),
+        (4, "printed, but the kernel log could not be read: Xids unknown"),
+    ),
     "explain": (
         (0, "printed"),
-        (2, "an unknown --code, a bad --since, or --runbook for a code without a runbook"),
+        (
+            2,
+            "an unknown --code, a bad --since, --runbook for a code without a runbook, or a "
+            "GPU the host does not have",
+        ),
         (3, "a --bundle input could not be used at all"),
+        (4, "printed, but the kernel log could not be read: Xids unknown, no all-clear"),
     ),
     "doctor": (
         (0, "ready: no warning or critical check"),

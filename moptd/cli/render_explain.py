@@ -159,11 +159,17 @@ def print_explain(
     console = console or Console(highlight=False)
     soft = not console.is_terminal  # piped into a ticket: wrap nothing
     now = float(view.get("time") or 0.0)
+    blind = view.get("blind") or []
+    for line in blind:  # first: what no finding below can mean
+        console.print(Text(line, style="bold red"), soft_wrap=soft)
     for note in view.get("notes") or []:
         console.print(Text(note, style="yellow"), soft_wrap=soft)
     findings = view.get("findings") or []
     if not findings:
         what = view.get("asked") or "this host"
+        if blind:
+            console.print(Text(f"No findings for {what} from the sources read: not an all-clear."))
+            return
         console.print(Text(f"No active findings for {what}.", style="green"))
         return
     ordered = incidents(findings)

@@ -87,6 +87,7 @@ class KernelLogCollector(Collector):
         self._source = ""
         self._saved: Position | None = None  # the position last handed to ctx.positions
         self._legacy = False  # a position file of an earlier moptd is still there
+        self._lost = 0  # records lost that a kernel.log_gap event has reported
 
     async def start(self) -> None:
         source = str(self.option("source"))
@@ -192,12 +193,29 @@ class KernelLogCollector(Collector):
             for ev in self.attributor.events(rec, now):
                 fields = {**ev.fields, POSITION_FIELD: position}
                 events.append(Event(ev.stream, ev.subject, ev.t, fields, ev.text))
+        gap = self._gap(now)
+        if gap is not None:
+            events.insert(0, gap)
         for ev in events:
             if ev.stream == "kernel.xid":
                 code = int(ev.fields["code"])  # type: ignore[call-overload]
                 self.xids.add(KERNEL, ev.subject, code, ev.t)
         if events:
             self.ctx.publish(events)
+
+    def _gap(self, now: float) -> Event | None:
+        """The records the follower found missing since the last call, as an event: a
+        counter alone in /metrics is no finding (KERNEL_LOG_RECORDS_LOST)."""
+        total = self.follower.records_lost if self.follower is not None else 0
+        lost, self._lost = total - self._lost, total
+        if lost <= 0:
+            return None
+        text = (
+            f"{lost} kernel-log records were overwritten before moptd read them "
+            f"({total} since moptd started): what they said, Xids included, is unknown"
+        )
+        fields: dict[str, object] = {"lost": lost, "total": total, "source": self._source}
+        return Event("kernel.log_gap", NODE, now, fields, text)
 
     async def collect(self) -> Batch:
         if self._unavailable or self.follower is None:

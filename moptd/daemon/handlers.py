@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from moptd.daemon.auth import authorise_mutation
+from moptd.daemon.health import blind_sources
 from moptd.daemon.http import (
     ApiError,
     limit_param,
@@ -100,7 +101,9 @@ async def health(request: web.Request) -> web.Response:
     collectors = {n: h.as_dict() for n, h in runtime.health.items()}
     store: dict[str, Any] | None = None
     diagnosis: dict[str, Any] | None = None
-    status = "ok"
+    # a source that cannot be read hides its evidence: no finding then is no all-clear
+    blind = blind_sources(collectors.values())
+    status = "degraded" if blind else "ok"
     if d is not None:
         store = d.db.health.as_dict()
         failing = d.rules.failing()
@@ -121,6 +124,7 @@ async def health(request: web.Request) -> web.Response:
         }
     body: dict[str, Any] = {
         "status": status,
+        "blind": blind,
         "started_at": request.app[STARTED],
         "uptime_seconds": time.time() - request.app[STARTED],
         "collectors": collectors,
@@ -137,6 +141,7 @@ async def status(request: web.Request) -> web.Response:
     d = request.app.get(DIAGNOSIS)
     view["findings"] = d.active() if d is not None else None
     view["findings_store"] = d.db.health.as_dict() if d is not None else None
+    view["blind"] = blind_sources(h.as_dict() for h in runtime.health.values())
     return web.json_response(view, dumps=dumps)
 
 
@@ -199,7 +204,8 @@ async def explain(request: web.Request) -> web.Response:
     since = _since(q)
     gpus = gpus_view(request.app[STORE])
     found = await queries.explain(d, gpus=gpus, subject=q.get("subject"), code=code, since=since)
-    return web.json_response({"gpus": gpus, "findings": found}, dumps=dumps)
+    blind = blind_sources(h.as_dict() for h in request.app[RUNTIME].health.values())
+    return web.json_response({"gpus": gpus, "findings": found, "blind": blind}, dumps=dumps)
 
 
 async def rules(request: web.Request) -> web.Response:

@@ -411,6 +411,17 @@ CODES: dict[str, Code] = {
             "moptd stopped acting on the engine until an operator restarts it"
         ),
     ),
+    # The one moptd-layer code a rule raises (rules/driver/kernel-log.rules.yaml): the gap
+    # is in the store as kernel.log_gap events, so the lifecycle is any finding's.
+    "KERNEL_LOG_RECORDS_LOST": Code(
+        "moptd",
+        "warning",
+        (
+            "kernel-log records were overwritten before moptd read them (the ring wrapped, or "
+            "the daemon was down longer than the ring holds): Xids may have been missed; "
+            "read `journalctl -k` for the gap"
+        ),
+    ),
 }
 
 # The layers a rule may declare; moptd's own health (layer "moptd") is no rule's.

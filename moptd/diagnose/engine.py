@@ -52,6 +52,10 @@ class Result:
     pci_bus_id: str | None = None
     actions: list[str] = field(default_factory=list)
     error: str = ""  # status "error": the exception, "Type: message", truncated
+    resolves: bool = False  # status "ok" at a `resolve: true` leaf: the fault was taken back
+    # a traced match: the oldest event the conditions on its path counted (the evidence's
+    # time, for a finding on events older than the evaluation); None when they read none
+    since: float | None = None
 
 
 def gpu_subjects(store: SignalStore) -> list[tuple[str, str | None]]:
@@ -376,8 +380,9 @@ def evaluate_one(rule: Rule, env: Env, trace: bool = True) -> Result:
     res = Result(rule, env.subject, "ok", pci_bus_id=env.pci_bus_id)
     try:
         verdict = _walk(rule.branches, env, res, rule.id, trace)
-    except _Healthy:
+    except _Healthy as healthy:
         env.trace = None
+        res.resolves = healthy.resolves
         return res  # an explicit "healthy" leaf outweighs earlier unknowns
     if verdict is None:
         res.status = "unknown" if res.unknown else "ok"
@@ -397,6 +402,10 @@ def evaluate_one(rule: Rule, env: Env, trace: bool = True) -> Result:
 class _Healthy(Exception):
     """An ``ok:`` leaf was reached: the walk stops with no verdict."""
 
+    def __init__(self, resolves: bool = False) -> None:
+        super().__init__()
+        self.resolves = resolves
+
 
 def _walk(
     branches: tuple[Branch, ...], env: Env, res: Result, prefix: str, trace: bool = True
@@ -412,8 +421,12 @@ def _walk(
         else:
             seen: list[tuple[str, object]] | None = [] if trace else None
             env.trace = seen
+            env.oldest = [] if trace else None
             value = truth(b.cond(env))
             env.trace = None
+            if value and env.oldest:
+                res.since = min(env.oldest if res.since is None else [*env.oldest, res.since])
+            env.oldest = None
             if seen is not None:
                 res.steps.append(Step(f"{prefix}/{b.id}", b.cond.text, value, seen))
             if value is None:
@@ -426,7 +439,7 @@ def _walk(
         if b.verdict is not None:
             return b.verdict
         if b.ok is not None:
-            raise _Healthy
+            raise _Healthy(b.resolves)
         found = _walk(b.children, env, res, node, trace)
         if found is not None:
             return found

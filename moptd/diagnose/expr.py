@@ -110,6 +110,9 @@ class Env:
     # With the engine's Reuse: what the reads so far depend on, so the next pass can tell
     # without reading again that they would return the same (see Stamp).
     stamp: Stamp | None = None
+    # While the engine traces a branch: the time of the oldest event each count() counted
+    # (a finding on events read late, at start, fires "since" them, not since the clock).
+    oldest: list[float] | None = None
 
 
 class Stamp:
@@ -582,6 +585,8 @@ class Compiler:
                     continue
                 if where is not None and not _where_holds(where, env, ev):
                     continue
+                if n == 0 and env.oldest is not None:
+                    env.oldest.append(ev.t)
                 n += 1
             return float(n)
 
@@ -597,6 +602,9 @@ class Compiler:
                 else:
                     result = got
                     until = sliding.unchanged_until(env, env.store.retention)
+                    first = sliding.oldest(env) if env.oldest is not None else None
+                    if first is not None and env.oldest is not None:
+                        env.oldest.append(first)
             if env.trace is not None:
                 env.trace.append((label, result))
             if env.reads is not None:
@@ -865,6 +873,12 @@ class _SlidingCount:
         if not mine:
             return float(len(by_pci))
         return float(len({seq for _, seq in mine} | {seq for _, seq in by_pci}))
+
+    def oldest(self, env: Env) -> float | None:
+        """After count(): the time of the oldest event counted, None when none is."""
+        keys = [env.subject, env.pci_bus_id] if self.per_subject else ["*"]
+        queues = [self.matches.get(k) for k in keys if k]
+        return min((q[0][0] for q in queues if q), default=None)
 
     def unchanged_until(self, env: Env, retention: float) -> float:
         """After count(): the latest time until which, with no new event, the count stays

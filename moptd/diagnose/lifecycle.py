@@ -13,6 +13,16 @@ rule, keyed ``rule-evaluation:<rule id>`` (no rule id holds a colon). It fires a
 resolves on the first evaluation in which the rule raises nowhere (flap damping holds one
 that keeps coming back, as it holds any finding).
 
+Two declarations of a rule act here. An ``ok`` leaf with ``resolve: true`` says the fault
+was taken back (the driver's recovery action back to None): a firing finding resolves at
+once, not after ``keep_firing_for`` (flap damping still holds one that keeps coming back).
+``inhibited_by: [CODE, ...]``: while a finding of one of those codes is open on the same
+subject, a match of this rule opens no finding and resolves the one open (a GPU that is
+lost takes no application-fault finding: GPU_LOST is the diagnosis). The open findings
+decide, so it holds across restarts (they are restored) and beyond the rule's window;
+results of rules without ``inhibited_by`` are applied first, so a cause that fires in the
+same evaluation inhibits already.
+
 Replay may pass ``evidence_until``: the time of the newest evidence a match rests on. A
 ``for:`` is then counted up to that time, not the clock's: a snapshot held over until
 newer evidence of its kind comes says nothing about how long its state lasted.
@@ -64,15 +74,20 @@ class Lifecycle:
         seen: set[Key] = set(deferred)
         deferred_rules = {rule for rule, _ in deferred}
         failing: dict[str, list[Result]] = {}
-        for res in results:
+        # causes first: a rule that others name in inhibited_by is applied before them
+        for res in sorted(results, key=lambda r: bool(r.rule.inhibited_by)):
             key = (res.rule.id, res.subject)
             seen.add(key)
             f = self.findings.get(key)
-            if res.status == "match":
+            if res.status == "match" and self._inhibited(res):
+                if f is not None:
+                    out.extend(self._clears(key, f, 0.0, now))
+            elif res.status == "match":
                 held = None if evidence_until is None else min(now, evidence_until(res))
                 out.extend(self._holds(key, f, res, now, held))
             elif res.status == "ok" and f is not None:
-                out.extend(self._clears(key, f, res.rule.keep_firing_for, now))
+                keep = 0.0 if res.resolves else res.rule.keep_firing_for
+                out.extend(self._clears(key, f, keep, now))
             elif res.status == "error":
                 failing.setdefault(res.rule.id, []).append(res)
         for errors in failing.values():
@@ -91,6 +106,14 @@ class Lifecycle:
             if f.state == "pending":
                 out.append(self._end(key, f, "inactive", now))
         return out
+
+    def _inhibited(self, res: Result) -> bool:
+        """A finding of one of the rule's inhibited_by codes is open on the subject."""
+        codes = res.rule.inhibited_by
+        return bool(codes) and any(
+            f.subject == res.subject and f.code in codes and f.state == "firing"
+            for f in self.findings.values()
+        )
 
     def failing(self) -> list[Finding]:
         """The open RULE_EVALUATION_FAILED findings: the rules that raised last time."""
@@ -112,8 +135,17 @@ class Lifecycle:
         v = res.verdict
         assert v is not None
         out = []
+        fresh = f is None
         if f is None:
-            f = Finding(res.rule.id, res.subject, v.code, v.severity, "pending", pending_since=now)
+            # A rule that fires on its evidence itself (for: 0s), on events older than
+            # this evaluation (read at start, after a restart): it holds since the oldest
+            # of them, not since the clock. With a for:, the condition's own start is not
+            # known from its events (a count crossing 5 at the 6th), so: since now.
+            since = now
+            if res.since is not None and res.rule.for_ == 0:
+                since = min(now, res.since)
+            f = Finding(res.rule.id, res.subject, v.code, v.severity, "pending")
+            f.pending_since = since
             self.findings[key] = f
             out.append(self._tr(f, now, "inactive", "pending"))
         f.code, f.severity, f.summary = v.code, v.severity, res.summary
@@ -128,7 +160,8 @@ class Lifecycle:
         elapsed = now - f.pending_since if held is None else max(0.0, held - f.pending_since)
         if f.state == "pending" and elapsed >= res.rule.for_:
             f.state = "firing"
-            f.first_seen = now
+            # fresh: firing since its evidence (the Xid's time), not since this evaluation
+            f.first_seen = f.pending_since if fresh else now
             fires = self._fires.setdefault(key, deque(maxlen=self.damping.flap_threshold))
             fires.append(now)
             out.append(self._tr(f, now, "pending", "firing"))

@@ -382,13 +382,19 @@ def _build_rule(
                 verdict = _verdict(file, rid, b["verdict"], evidence, rule_evidence, errors)
             elif "decide" in b:
                 children = branches(b["decide"], f"{bid}.")
-            out.append(Branch(bid, cond, verdict, children, line, b.get("ok")))
+            resolves = bool(b.get("resolve", False))
+            out.append(Branch(bid, cond, verdict, children, line, b.get("ok"), resolves))
         ids = [b.id for b in out]
         for dup in {i for i in ids if ids.count(i) > 1}:
             errors.append(RuleError(file, items.line, f"rule {rid}: branch id {dup!r} used twice"))
         return tuple(out)
 
     tree = branches(r["decide"], "")
+    inhibited_by = tuple(r.get("inhibited_by", ()))
+    for code in inhibited_by:
+        if code not in CODES:
+            line = r.lines.get("inhibited_by", r.line)
+            errors.append(RuleError(file, line, f"rule {rid}: inhibited_by: unknown code {code!r}"))
     if errors:
         return None, errors
     for _, ex in rule_evidence:
@@ -410,6 +416,7 @@ def _build_rule(
             description=r.get("description", ""),
             tags=tuple(r.get("tags", [])),
             signals=frozenset(signals),
+            inhibited_by=inhibited_by,
         ),
         errors,
     )

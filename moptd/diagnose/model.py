@@ -51,6 +51,9 @@ class Branch:
     children: tuple[Branch, ...]
     line: int
     ok: str | None = None  # a leaf that means "healthy", with the reason
+    # ok leaf only: the fault was taken back (Xid 154 back to None): resolve at once,
+    # without keep_firing_for
+    resolves: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ class Rule:
     description: str = ""
     tags: tuple[str, ...] = ()
     signals: frozenset[str] = frozenset()
+    # codes whose open finding on the same subject leaves this rule's match without one
+    inhibited_by: tuple[str, ...] = ()
 
     def verdicts(self) -> list[Verdict]:
         out: list[Verdict] = []

@@ -863,7 +863,7 @@ def _insert_transition(c: sqlite3.Connection, tr: Mapping[str, Any]) -> None:
                 tr["severity"],
                 state,
                 tr.get("summary", ""),
-                t,
+                min(t, float(f.get("pending_since") or t)),  # a finding on older evidence
                 t,
                 _json(detail),
             ),

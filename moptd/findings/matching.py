@@ -51,3 +51,24 @@ def chosen(
         and (code is None or f.get("code") == code)
         and (since is None or changed_since(f, since))
     )
+
+
+def unknown_gpu(asked: str | None, gpus: list[dict[str, Any]]) -> str | None:
+    """What to say when SUBJECT names a GPU (an index, gpu:N, a GPU- UUID) that this host
+    does not have: 'no GPU gpu:7 here ...'; None when it has it or SUBJECT names no GPU
+    (a PCI address may be a GPU seen only in kernel lines, so it is not judged here)."""
+    if not asked:
+        return None
+    a = asked.strip()
+    index = a.removeprefix("gpu:")
+    if not (index.isdigit() or a.upper().startswith("GPU-")):
+        return None
+    for g in gpus:
+        if a in (str(g.get("uuid")), str(g.get("subject"))) or index == str(g.get("index")):
+            return None
+    # the GPUs an index names (NVML, nvidia-smi); those known only from kernel lines by
+    # their PCI address are not what an index asks for
+    known = ", ".join(str(g["subject"]) for g in gpus if str(g.get("index", "")).isdigit())
+    known = known or "none that NVML or nvidia-smi names"
+    shown = f"gpu:{index}" if index.isdigit() else a
+    return f"No GPU {shown} on this host (GPUs: {known})."

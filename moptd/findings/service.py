@@ -264,6 +264,8 @@ class Diagnosis:
         if f is None and tr.new == "resolved":
             f = self.rules.last_resolved(tr.rule, tr.subject)
         detail: dict[str, Any] = f.to_json() if f is not None else {}
+        if f is not None:  # the evidence's time when older than the transition (Xids at start)
+            detail["pending_since"] = f.pending_since
         if f is not None and tr.new in ("pending", "firing"):
             detail["steps"] = steps_of(self.rules.result(tr.rule, tr.subject))
         return transition_record(
