@@ -119,7 +119,7 @@ class ClosedPipeGuard:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(sys.stdout, ClosedPipeGuard) and hasattr(sys.stdout, "fileno"):
-        sys.stdout = ClosedPipeGuard(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = ClosedPipeGuard(sys.stdout)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
