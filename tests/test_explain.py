@@ -488,3 +488,21 @@ def test_evidence_says_when_a_line_was_written_from_user_space():
     text = evidence_line({**f, "events": [user]})
     assert text.endswith("; written from user space (facility user), not the kernel"), text
 
+
+
+def test_a_block_of_several_gpus_gives_each_its_own_reset_command_golden():
+    """Two Xid 154 lines of two GPUs (tests/fixtures/kernel-drill/SOURCE.md) read as one
+    GPU_RESET_REQUIRED block: the reset command is one a GPU, each naming its subject, and
+    the drain step says which subjects it is for (issue 31, item 1)."""
+    drill = Path("tests/fixtures/kernel-drill")
+    out = moptd(
+        "explain",
+        "--bundle",
+        str(drill / "xid154-reset.log"),
+        "--bundle",
+        str(drill / "xid154-drain-reset.log"),
+    )
+    assert out.returncode == 0, out.stderr
+    check_golden("explain_grouped_commands.txt", out.stdout)
+    assert "     nvidia-smi -r -i 0009:01:00.0  # gpu:0009:01:00.0\n" in out.stdout
+    assert "     nvidia-smi -r -i 0019:01:00.0  # gpu:0019:01:00.0\n" in out.stdout
