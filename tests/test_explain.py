@@ -489,7 +489,6 @@ def test_evidence_says_when_a_line_was_written_from_user_space():
     assert text.endswith("; written from user space (facility user), not the kernel"), text
 
 
-
 def test_a_block_of_several_gpus_gives_each_its_own_reset_command_golden():
     """Two Xid 154 lines of two GPUs (tests/fixtures/kernel-drill/SOURCE.md) read as one
     GPU_RESET_REQUIRED block: the reset command is one a GPU, each naming its subject, and

@@ -177,9 +177,7 @@ def _steps(f: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"kind": "", "text": str(a), "command": None} for a in f.get("actions") or []]
 
 
-def action_lines(
-    f: dict[str, Any], group: Sequence[dict[str, Any]] = ()
-) -> list[tuple[str, str]]:
+def action_lines(f: dict[str, Any], group: Sequence[dict[str, Any]] = ()) -> list[tuple[str, str]]:
     """(label, text) pairs: the first action; after a drain (which only prepares) the step
     that deals with the fault too; and the first command where none of those is one.
 
