@@ -60,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    # imports where they are used: each costs every call (docs/cli.md, "Speed")
+    # imports where they are used: each costs every call (BENCHMARKS.md, "moptd explain and
+    # status: how long they take")
     from moptd.findings.matching import chosen
 
     now = time.time()
