@@ -505,3 +505,18 @@ def test_a_block_of_several_gpus_gives_each_its_own_reset_command_golden():
     check_golden("explain_grouped_commands.txt", out.stdout)
     assert "     nvidia-smi -r -i 0009:01:00.0  # gpu:0009:01:00.0\n" in out.stdout
     assert "     nvidia-smi -r -i 0019:01:00.0  # gpu:0019:01:00.0\n" in out.stdout
+
+
+def test_replay_lists_the_node_wide_cause_first_golden():
+    """A half-applied driver update (tests/fixtures/kernel-drill/SOURCE.md: an RmInitAdapter
+    failure and an API mismatch): replay lists DRIVER_VERSION_MISMATCH, the node-wide cause,
+    before the GPU_INIT_FAILED it explains, as explain does (issue 31, item 4)."""
+    drill = Path("tests/fixtures/kernel-drill")
+    out = moptd("replay", str(drill / "rminitadapter.log"), str(drill / "api-mismatch.log"))
+    assert out.returncode == 2, out.stderr
+    check_golden("replay_driver_update.txt", out.stdout)
+    titles = [ln for ln in out.stdout.splitlines() if ln.startswith("CRITICAL ")]
+    assert titles == [
+        "CRITICAL DRIVER_VERSION_MISMATCH on node",
+        "CRITICAL GPU_INIT_FAILED on gpu:0000:0a:00.0 (0000:0a:00.0)",
+    ]
