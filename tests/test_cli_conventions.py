@@ -70,3 +70,36 @@ def test_the_man_page_renders() -> None:
     assert out.returncode == 0, out.stderr
     assert "EXIT STATUS" in out.stdout
     assert "moptd replay" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [
+        (["replay", "tests/fixtures/explain-drill"], 2),  # critical findings
+        (["replay", "tests/fixtures/explain-drill", "--json"], 2),
+        (["explain", "--bundle", "tests/fixtures/explain-drill"], 0),
+    ],
+    ids=["replay", "replay-json", "explain"],
+)
+def test_a_closed_pipe_ends_quietly_with_the_commands_own_status(
+    args: list[str], status: int
+) -> None:
+    """`moptd replay ... | head -3`: the reader closes the pipe after a few lines; the
+    command still ends with the status of its findings and says nothing on stderr."""
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moptd", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()  # as head does
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == status
+    assert err == b""

@@ -488,3 +488,35 @@ def test_evidence_says_when_a_line_was_written_from_user_space():
     text = evidence_line({**f, "events": [user]})
     assert text.endswith("; written from user space (facility user), not the kernel"), text
 
+
+def test_a_block_of_several_gpus_gives_each_its_own_reset_command_golden():
+    """Two Xid 154 lines of two GPUs (tests/fixtures/kernel-drill/SOURCE.md) read as one
+    GPU_RESET_REQUIRED block: the reset command is one a GPU, each naming its subject, and
+    the drain step says which subjects it is for (issue 31, item 1)."""
+    drill = Path("tests/fixtures/kernel-drill")
+    out = moptd(
+        "explain",
+        "--bundle",
+        str(drill / "xid154-reset.log"),
+        "--bundle",
+        str(drill / "xid154-drain-reset.log"),
+    )
+    assert out.returncode == 0, out.stderr
+    check_golden("explain_grouped_commands.txt", out.stdout)
+    assert "     nvidia-smi -r -i 0009:01:00.0  # gpu:0009:01:00.0\n" in out.stdout
+    assert "     nvidia-smi -r -i 0019:01:00.0  # gpu:0019:01:00.0\n" in out.stdout
+
+
+def test_replay_lists_the_node_wide_cause_first_golden():
+    """A half-applied driver update (tests/fixtures/kernel-drill/SOURCE.md: an RmInitAdapter
+    failure and an API mismatch): replay lists DRIVER_VERSION_MISMATCH, the node-wide cause,
+    before the GPU_INIT_FAILED it explains, as explain does (issue 31, item 4)."""
+    drill = Path("tests/fixtures/kernel-drill")
+    out = moptd("replay", str(drill / "rminitadapter.log"), str(drill / "api-mismatch.log"))
+    assert out.returncode == 2, out.stderr
+    check_golden("replay_driver_update.txt", out.stdout)
+    titles = [ln for ln in out.stdout.splitlines() if ln.startswith("CRITICAL ")]
+    assert titles == [
+        "CRITICAL DRIVER_VERSION_MISMATCH on node",
+        "CRITICAL GPU_INIT_FAILED on gpu:0000:0a:00.0 (0000:0a:00.0)",
+    ]

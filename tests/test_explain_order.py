@@ -118,3 +118,40 @@ def test_any_findings_render_without_a_crash(fs, verbose):
     )
     text = buf.getvalue()
     assert (fs == []) == text.startswith("No active findings")
+
+
+def test_status_ranks_findings_as_explain_does_and_never_wraps_when_piped(capsys) -> None:
+    """`moptd status` lists the drill's findings (tests/fixtures/explain-drill, real
+    captures) node-wide cause first, as explain does, each on one whole line when piped."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from moptd.cli.render_explain import print_status_findings
+
+    repo = Path(__file__).parent.parent
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moptd",
+            "explain",
+            "--json",
+            "--bundle",
+            "tests/fixtures/explain-drill",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    findings = json.loads(out.stdout)["findings"]
+    findings.sort(key=lambda f: str(f["code"]))  # as unranked as the daemon's list may be
+    print_status_findings({"findings": findings})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Findings: 23 active")
+    assert "DRIVER_VERSION_MISMATCH  node" in lines[1]
+    long = [ln for ln in lines if "NVRM" in ln or len(ln) > 80]
+    assert long  # a summary longer than 80 columns, whole on its line
+    assert len(lines) == 1 + len(findings)

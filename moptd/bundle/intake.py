@@ -530,7 +530,7 @@ def _describe(
         st = st if isinstance(st, dict) else {}
         lines, xids = _count_lines(root / rel)
         held.update(lines=lines, xid=xids)
-        parts = [f"{lines} lines", f"{xids} Xid"]
+        parts = [f"{lines} line" + ("" if lines == 1 else "s"), f"{xids} Xid"]
         span = _span(st.get("first"), st.get("last"))
         if span:
             parts.append(span)

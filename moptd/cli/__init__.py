@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from moptd import __version__
 
@@ -82,7 +84,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class ClosedPipeGuard:
+    """stdout that a reader may close (`moptd replay ... | head -3`): from the first write
+    that finds the pipe closed, output goes to /dev/null, so the command runs on to the
+    status it would have had, and says nothing about the pipe (neither a traceback nor
+    Python's "Exception ignored" at exit)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._to_devnull()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        self.closed_pipe = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            # what the buffer still holds goes there too, at exit's flush
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if not isinstance(sys.stdout, ClosedPipeGuard) and hasattr(sys.stdout, "fileno"):
+        sys.stdout = ClosedPipeGuard(sys.stdout)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -336,7 +336,8 @@ def print_checklist(checks: list[Check], status: str) -> None:
     from rich.console import Console
     from rich.text import Text
 
-    console = Console(highlight=False)
+    # piped, a check's line is whole (its command or path is not split at 80 columns)
+    console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
     for c in checks:
         mark, style = _MARK.get(c.status, ("?", ""))
         line = Text(f"{mark} ", style=style)

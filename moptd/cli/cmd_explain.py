@@ -61,13 +61,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from moptd.cli.commands import load
-    from moptd.daemon.http import parse_since
+    # imports where they are used: each costs every call (BENCHMARKS.md, "moptd explain and
+    # status: how long they take")
     from moptd.findings.matching import chosen, unknown_gpu
 
     now = time.time()
     since = None
     if args.since:
+        from moptd.daemon.http import parse_since
+
         try:
             since = parse_since(args.since, now)
         except ValueError as exc:
@@ -93,6 +95,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         rule_paths: list[str | Path] = [default_rules_dir()]
     else:
+        from moptd.cli.commands import load
+
         config = load(args)
         if config is None:
             return EXIT_USAGE
@@ -241,12 +245,13 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     from moptd.bundle.intake import read_inputs
     from moptd.cli.bundle_guard import check_bundle
     from moptd.cli.cmd_replay import report_unusable
+    from moptd.cli.explain_facts import load_rules_once
     from moptd.cli.render_findings import read_lines
-    from moptd.diagnose.loader import default_rules_dir, load_rules
+    from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.replay import replay_timeline
 
     try:
-        loaded = load_rules([default_rules_dir()])
+        loaded = load_rules_once([default_rules_dir()])
         if loaded.errors:
             raise ValueError("; ".join(map(str, loaded.errors)))
         tl = read_inputs(inputs, sys.stdin.buffer, check_bundle)  # BundleRefused: ValueError

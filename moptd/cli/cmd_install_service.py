@@ -74,6 +74,17 @@ def install(prefix: Path | None, dry_run: bool, executable: str, out: list[str])
     if source is None:
         out.append("moptd: cannot find the systemd/ files (not in the package nor a checkout)")
         return 1
+    if prefix is None:  # with --prefix the units are for another root: nothing to check here
+        from moptd.cli.service_sandbox import cannot_run
+
+        why = cannot_run(render(source, "moptd.service", executable), executable)
+        if why is not None:
+            out.append(
+                f"moptd: moptd.service could not start {executable}: {why}. Install moptd "
+                "where the unit's user can run it (e.g. pip install into /opt/moptd or "
+                "/usr/local), or name one with --moptd PATH"
+            )
+            return 1
     root = prefix or Path("/")
     for placement in PLACEMENTS:
         target = root / placement.target.lstrip("/")

@@ -63,7 +63,14 @@ EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
         (0, "printed"),
         (1, "no log yet; otherwise tail's or journalctl's own status"),
     ),
-    "install-service": ((0, "installed (or shown, with --dry-run)"), (1, "installing failed")),
+    "install-service": (
+        (0, "installed (or shown, with --dry-run)"),
+        (
+            1,
+            "installing failed, or the unit could not execute the moptd it names (its User= "
+            "may not, or ProtectHome=/PrivateTmp= hide it): the reason is said",
+        ),
+    ),
     "reload": (
         (0, "SIGHUP sent to the daemon"),
         (1, "the pid is not a running `moptd run`, or it cannot be signalled"),

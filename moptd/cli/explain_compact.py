@@ -177,27 +177,52 @@ def _steps(f: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"kind": "", "text": str(a), "command": None} for a in f.get("actions") or []]
 
 
-def action_lines(f: dict[str, Any]) -> list[tuple[str, str]]:
+def action_lines(f: dict[str, Any], group: Sequence[dict[str, Any]] = ()) -> list[tuple[str, str]]:
     """(label, text) pairs: the first action; after a drain (which only prepares) the step
-    that deals with the fault too; and the first command where none of those is one."""
+    that deals with the fault too; and the first command where none of those is one.
+
+    In a block of several subjects (`group`, the root first) every step names the subjects
+    it applies to: one line for all where the text is the same, else one line a subject,
+    each a command to paste with its subject as a shell comment (an instruction in words
+    with the subject before it): the first GPU's reset command is not the others'."""
     steps = _steps(f)
     if not steps:
         return [("do:", "(the rule gives no action)")]
     shown = steps[:2] if steps[0].get("kind") == "drain_node" else steps[:1]
     if not any(s.get("command") for s in shown):
         shown += [s for s in steps[len(shown) :] if s.get("command")][:1]
+    members = list(group) if len(group) > 1 else []
     out = []
     for s in shown:
         i = steps.index(s) + 1
         if i == 1:
             label = ("run" if s.get("command") else "do") + (
-                f" (1 of {len(steps)}):" if len(steps) > 1 else ":"
+                f" (1 of {len(steps)})" if len(steps) > 1 else ""
             )
         else:
-            label = f"then run ({i}):" if s.get("command") else f"then ({i}):"
+            label = f"then run ({i})" if s.get("command") else f"then ({i})"
         kind = "" if s.get("command") or not s.get("kind") else f" [{s['kind']}]"
-        out.append((label, f"{s['text']}{kind}"))
+        per = [(str(g.get("subject")), _step_text(g, i - 1, s)) for g in members]
+        if not members:
+            out.append((label + ":", f"{s['text']}{kind}"))
+        elif len({text for _, text in per}) == 1:
+            subjects = _subjects([subject for subject, _ in per])
+            out.append((f"{label}, for {subjects}:", f"{s['text']}{kind}"))
+        else:
+            out.append((f"{label}, one a subject:", ""))
+            for subject, text in per:
+                line = f"{text}  # {subject}" if s.get("command") else f"{subject}: {text}{kind}"
+                out.append(("  ", line))
     return out
+
+
+def _step_text(f: dict[str, Any], index: int, like: dict[str, Any]) -> str:
+    """The text of `f`'s step `index`, the same kind as `like` (twins have the same
+    steps, their own subject's values in them)."""
+    steps = _steps(f)
+    if index < len(steps) and steps[index].get("kind") == like.get("kind"):
+        return str(steps[index]["text"])
+    return str(like["text"])
 
 
 def incident_block(
@@ -242,7 +267,7 @@ def incident_block(
     if evidence:
         # on a terminal one line, cut at its width (--verbose has every line whole); piped whole
         _field(console, "evidence:", evidence, soft, cut=not soft)
-    for label, text in action_lines(f):
+    for label, text in action_lines(f, inc.group):
         _field(console, label, text, True)  # a command is never wrapped
     for c in inc.consequences:
         # "led to:" where a link says it follows from a finding of this block, "also:" else
@@ -263,8 +288,10 @@ def _field(
     console: Console, label: str, text: str, soft: bool, style: str = "", cut: bool = False
 ) -> None:
     line = Text("   ")
-    if label:
-        line.append(label + " ", style="bold")
+    if label.strip():
+        line.append(label + (" " if text else ""), style="bold")
+    else:
+        line.append(label)
     line.append(text, style=style)
     if cut:
         line.truncate(console.width, overflow="ellipsis")

@@ -16,10 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moptd.cli.runbooks import runbook_path
 from moptd.diagnose.model import ACTION_KINDS, Action, Branch, RuleSet
+
+if TYPE_CHECKING:
+    from moptd.diagnose.loader import Loaded
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +30,25 @@ _WHO = ("pid", "process", "user", "container", "container_runtime", "pod_uid", "
 MAX_ATTRIBUTED = 5
 
 
+_LOADED: dict[tuple[str, ...], Loaded] = {}
+
+
+def load_rules_once(paths: Sequence[str | Path]) -> Loaded:
+    """load_rules, once a command: `explain --bundle` replays with the rules it then
+    annotates with, and parsing them twice was a tenth of its time."""
+    from moptd.diagnose.loader import load_rules
+
+    key = tuple(map(str, paths))
+    if key not in _LOADED:
+        _LOADED[key] = load_rules(list(paths))
+    return _LOADED[key]
+
+
 def load_ruleset(paths: Sequence[str | Path]) -> RuleSet | None:
     """The rules as the CLI can read them; None (and annotations without them) where they
     cannot be loaded: explain still shows what the daemon said."""
-    from moptd.diagnose.loader import load_rules
-
     try:
-        return load_rules(list(paths)).ruleset
+        return load_rules_once(paths).ruleset
     except (OSError, ValueError) as exc:
         log.debug("explain: rules not loaded: %s", exc)
         return None

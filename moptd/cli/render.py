@@ -18,7 +18,8 @@ _HEALTH_STYLE = {"ok": "green", "unavailable": "yellow", "failed": "bold red", "
 def _console() -> Console:
     # piped into a file or a ticket, 80 columns would truncate the GPU table
     width = None if sys.stdout.isatty() else 160
-    return Console(highlight=False, width=width)
+    # and a line longer than that is whole when piped: a command split in two is no command
+    return Console(highlight=False, width=width, soft_wrap=not sys.stdout.isatty())
 
 
 def _gib(v: Any) -> str:

@@ -9,6 +9,7 @@ Colour on a terminal; rich drops it when the output is piped, and then wraps not
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console, Group
@@ -192,8 +193,12 @@ def print_explain(
 
 
 def print_status_findings(view: dict[str, Any], console: Console | None = None) -> None:
-    """The findings and daemon-health part of `moptd status` (from /v1/status)."""
-    console = console or Console(highlight=False)
+    """The findings and daemon-health part of `moptd status` (from /v1/status), ranked as
+    `moptd explain` ranks them (node-wide causes first, a cause before what it explains);
+    piped, each line whole."""
+    from moptd.cli.explain_order import incidents
+
+    console = console or Console(highlight=False, soft_wrap=not sys.stdout.isatty())
     store = view.get("findings_store")
     if store:
         if store.get("state") == "ok":
@@ -213,7 +218,7 @@ def print_status_findings(view: dict[str, Any], console: Console | None = None) 
     console.print(
         Text(f"Findings: {len(findings)} active (moptd explain for details)", style="bold")
     )
-    for f in findings:
+    for f in [g for inc in incidents(findings) for g in inc.findings]:
         sev = str(f.get("severity", "info"))
         line = Text("  ")
         line.append(f" {sev.upper()} ", style=_SEVERITY_STYLE.get(sev, "bold"))

@@ -83,7 +83,11 @@ def render_replay(
     else:
         n = len(report.findings)
         out.print(f"{n} finding{'' if n == 1 else 's'}:")
-    for f in report.findings:
+    from moptd.cli.explain_order import incidents
+
+    # in explain's order: node-wide causes first (a half-applied driver update's
+    # DRIVER_VERSION_MISMATCH before the GPU_INIT_FAILED it explains), causes before effects
+    for f in [g for inc in incidents(report.findings) for g in inc.findings]:
         sev = str(f["severity"])
         label = Text.assemble(
             (f"{sev.upper():8}", _STYLE.get(sev, "")),
@@ -102,7 +106,7 @@ def render_replay(
         if _when(f, "resolved_at") != "?":
             span += f", resolved {_when(f, 'resolved_at')}"
         tree.add(span)
-        tree.add(f"rule {f['rule']}, path: {' > '.join(map(str, f['path']))}")  # type: ignore[call-overload]
+        tree.add(f"rule {f['rule']}, path: {' > '.join(map(str, f['path']))}")
         evidence = f.get("evidence") or {}
         if isinstance(evidence, dict) and evidence:
             ev = tree.add("evidence")

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-import aiohttp
+if TYPE_CHECKING:  # annotations only: configuration loading need not load aiohttp
+    import aiohttp
 
 from moptd.collector import (
     Collector,

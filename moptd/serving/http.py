@@ -10,9 +10,10 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+if TYPE_CHECKING:  # imported where a session is made: the CLI need not load aiohttp
+    import aiohttp
 
 MAX_BODY = 8 << 20  # a vLLM page is ~60 KiB; a bigger body is not a metrics page
 
@@ -40,6 +41,8 @@ async def request(
     max_bytes: int = MAX_BODY,
     payload: Any = None,
 ) -> Response:
+    import aiohttp
+
     t0 = time.monotonic()
     try:
         async with asyncio.timeout(deadline):
@@ -69,6 +72,8 @@ async def request(
 
 
 def new_session() -> aiohttp.ClientSession:
+    import aiohttp
+
     # One connection per request: a wedged keep-alive connection must not outlive a
     # timed-out scrape, and serving endpoints are local.
     return aiohttp.ClientSession(

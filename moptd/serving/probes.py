@@ -7,8 +7,10 @@ nothing. Only the generation probe, with a deadline, shows that the engine answe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import aiohttp
+if TYPE_CHECKING:  # annotations only
+    import aiohttp
 
 from moptd.serving.http import FetchError, request
 

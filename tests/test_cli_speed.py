@@ -1,0 +1,90 @@
+"""What makes `moptd explain` quick (issue 31, item 6), checked without timing anything:
+the rules are parsed by libyaml with the same result as the pure-Python loader, and a
+command does not import what it does not use (aiohttp, the collectors, jsonschema)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moptd import yamlsafe
+from moptd.diagnose import loader
+
+REPO = Path(__file__).parent.parent
+PASTE = REPO / "tests/fixtures/kernel-drill/xid63.log"
+
+
+def _plain(doc: object) -> object:
+    """The document with its line maps, to compare two loaders' results whole."""
+    if isinstance(doc, loader._Map):
+        return ("map", doc.line, dict(doc.lines), {k: _plain(v) for k, v in doc.items()})
+    if isinstance(doc, loader._List):
+        return ("list", doc.line, list(doc.lines), [_plain(v) for v in doc])
+    return doc
+
+
+@pytest.mark.skipif(not yamlsafe.LIBYAML, reason="PyYAML built without libyaml")
+def test_libyaml_and_the_python_loader_read_every_shipped_rule_file_alike() -> None:
+    files = sorted(loader.default_rules_dir().rglob("*.yaml"))
+    assert len(files) > 20
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        fast = yamlsafe.load(text, loader._CLoader)
+        slow = yamlsafe.load(text, loader._PyLoader)
+        assert _plain(fast) == _plain(slow), f
+
+
+@pytest.mark.parametrize("cls", [loader._CLoader, loader._PyLoader], ids=["libyaml", "python"])
+def test_both_loaders_refuse_a_duplicate_key_at_its_line(cls: type[yamlsafe.Loader]) -> None:
+    with pytest.raises(yaml.MarkedYAMLError) as info:
+        yamlsafe.load("a: 1\nb:\n  c: 2\n  c: 3\n", cls)
+    assert info.value.problem == "duplicate key 'c'"
+    assert info.value.problem_mark is not None
+    assert info.value.problem_mark.line + 1 == 4
+
+
+@pytest.mark.parametrize("cls", [loader._CLoader, loader._PyLoader], ids=["libyaml", "python"])
+def test_both_loaders_say_nested_too_deeply(cls: type[yamlsafe.Loader]) -> None:
+    with pytest.raises(yaml.YAMLError, match="nested too deeply"):
+        yamlsafe.load("a: " + "[" * 5000 + "]" * 5000 + "\n", cls)
+
+
+# `python -m moptd ARGS` that writes sys.modules at exit (-X importtime misses what
+# importlib.import_module loads)
+MODULES_AT_EXIT = (
+    "import atexit, runpy, sys; out = sys.argv.pop(1); "
+    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sys.modules))); "
+    "runpy.run_module('moptd', run_name='__main__', alter_sys=True)"
+)
+
+
+def _imported(tmp_path: Path, *args: str) -> set[str]:
+    """The modules a real `moptd ARGS` process had imported when it ended."""
+    listing = tmp_path / "modules.txt"
+    out = subprocess.run(
+        [sys.executable, "-c", MODULES_AT_EXIT, str(listing), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return set(listing.read_text().split())
+
+
+def test_explain_of_a_paste_imports_neither_aiohttp_nor_the_collectors(tmp_path: Path) -> None:
+    mods = _imported(tmp_path, "explain", "--bundle", str(PASTE))
+    assert "moptd.cli.cmd_explain" in mods  # the list is real
+    assert not {m for m in mods if m == "aiohttp" or m.startswith("aiohttp.")}
+    assert "moptd.collectors.serving" not in mods
+    assert "moptd.daemon.app" not in mods
+
+
+def test_loading_the_configuration_does_not_import_aiohttp(tmp_path: Path) -> None:
+    mods = _imported(tmp_path, "config")
+    assert "moptd.collectors.serving" in mods  # the collectors' options are read
+    assert "aiohttp" not in mods
