@@ -107,7 +107,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         from moptd.cli.render_explain import print_status_findings
+        from moptd.cli.sanitize import for_terminal
 
+        view = for_terminal(view)  # evidence never reaches a terminal raw; --json keeps it exact
         render.print_status(view)
         print_status_findings(view)
     return 0
