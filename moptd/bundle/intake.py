@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from moptd.bundle import classify
-from moptd.bundle.archive import open_bundle
+from moptd.bundle.archive import is_tar, open_bundle
 from moptd.bundle.errors import BundleError
 from moptd.bundle.layout import (
     NOT_EVIDENCE,
@@ -176,10 +175,8 @@ def _gather(
 
 
 def _is_tar(path: Path) -> bool:
-    try:
-        return tarfile.is_tarfile(path)
-    except OSError:
-        return False
+    # never tarfile.is_tarfile: it parses the first member's pax header (issue 30, item 6)
+    return is_tar(path)
 
 
 def _open_tar(intake: Intake, path: Path, guard: Guard | None) -> Path:

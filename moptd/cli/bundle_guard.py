@@ -17,7 +17,8 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from moptd import yamlsafe
-from moptd.cli.tar_scan import TarScanError, scan_tar
+from moptd.bundle.archive import is_tar
+from moptd.bundle.tar_scan import TarScanError, scan_tar
 from moptd.safefs import kind_of
 
 # An hour recorded at 5 s from 8 GPUs and 8 endpoints is about 6,500 files of well under
@@ -47,7 +48,7 @@ def check_bundle(path: Path) -> None:
     Anything that is neither is left to the reader, which says so."""
     if path.is_dir():
         _check_dir(path)
-    elif path.is_file() and tarfile.is_tarfile(path):
+    elif is_tar(path):  # its first header only: tarfile.is_tarfile would parse a pax header
         _check_tar(path)
 
 

@@ -135,7 +135,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         from moptd.cli.render_explain import print_explain
+        from moptd.cli.sanitize import for_terminal
 
+        view = for_terminal(view)  # evidence never reaches a terminal raw; --json keeps it exact
         print_explain(view, verbose=args.verbose)
         from moptd.cli.explain_remedies import print_remedies  # "What moptd did"
 

@@ -113,9 +113,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return code
     from moptd.cli.render_findings import render_replay
+    from moptd.cli.sanitize import for_terminal
     from moptd.serving.version_lock import cuda_line
 
-    render_replay(report, verbose=args.verbose)
+    render_replay(for_terminal(report), verbose=args.verbose)  # --json above keeps it exact
     print("versions: " + (cuda_line(versions) if versions is not None else "not recorded"))
     return code
 
@@ -124,11 +125,12 @@ def report_unusable(read: Sequence[dict[str, object]], prog: str) -> bool:
     """Name on stderr each input that could not be used (moptd.bundle.intake.unusable);
     True when there was one: the command then exits 3."""
     from moptd.bundle.intake import unusable
+    from moptd.cli.sanitize import escape_text
 
     bad = unusable(read)
     for entry in bad:
         where = entry.get("at") or entry["input"]
-        print(f"{prog}: {where}: not used: {entry['reason']}", file=sys.stderr)
+        print(escape_text(f"{prog}: {where}: not used: {entry['reason']}"), file=sys.stderr)
     return bool(bad)
 
 

@@ -117,8 +117,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         from moptd.cli.render_explain import print_status_findings
+        from moptd.cli.sanitize import for_terminal
 
-        for line in blind:
+        view = for_terminal(view)  # evidence never reaches a terminal raw; --json keeps it exact
+        for line in for_terminal(blind):
             print(line)
         render.print_status(view)
         print_status_findings(view)

@@ -98,7 +98,7 @@ def facility_name(facility: int) -> str:
 
 
 _PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
-_HEX_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_HEX_RUN = re.compile(r"(?:\\x[0-9a-fA-F]{2})+")
 # A line number a paste tool put in front (`grep -n`: "943:" / "943-", `cat -n`: "  3315\t"),
 # taken off when a known record format follows it
 _LINE_NUMBER = re.compile(
@@ -127,10 +127,13 @@ def _cap(text: str) -> str:
 
 
 def _unescape_kmsg(text: str) -> str:
-    # /dev/kmsg escapes non-printable bytes (newlines inside a record) as \xNN
+    # /dev/kmsg escapes every byte below 0x20, from 0x7f up and the backslash as \xNN: a run
+    # of escapes is bytes, decoded as UTF-8 (one at a time, U+202E came out as mojibake)
     if "\\x" not in text:
         return text
-    return _HEX_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+    return _HEX_RUN.sub(
+        lambda m: bytes.fromhex(m.group().replace("\\x", "")).decode("utf-8", "replace"), text
+    )
 
 
 def parse_raw_record(data: str, boot_time: float | None = None, line: int = 0) -> KernelRecord:

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moptd.bundle.tar_scan import TarScanError, _check_pax_records, scan_tar
 from moptd.cli.bundle_guard import BundleRefused, check_bundle
-from moptd.cli.tar_scan import TarScanError, _check_pax_records, scan_tar
 
 REPO = Path(__file__).resolve().parents[2]
 META = b"format: moptd-bundle/v1\ncaptured_at: 2026-01-01T00:00:00Z\n"
