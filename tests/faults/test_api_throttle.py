@@ -13,12 +13,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 
 import pytest
 
 from moptd.daemon.auth import FAILED_TOKEN_BURST
 from tests.daemon_proc import free_port
-from tests.faults.conftest import assert_serving, start_daemon
+from tests.faults.conftest import assert_serving, start_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +68,31 @@ def test_wrong_guesses_from_loopback_neither_lock_out_the_token_nor_escape_by_ad
         # ... and from any of them, the right token still passes
         assert call(port, "/v1/health", TOKEN, "127.0.0.7") == 200
         assert "wrong token from 127.0.0.1 (source loopback" in d.log()
+        assert_serving(d)
+    finally:
+        d.stop()
+
+
+def test_sighup_reads_the_token_file_again(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    os.chmod(token_file, 0o600)
+    port = free_port()
+    d = start_daemon(
+        tmp_path / "d",
+        {
+            "api": {"listen": f"127.0.0.1:{port}", "token_file": str(token_file)},
+            "collectors": {"kernel": {"enabled": False}},
+        },
+    )
+    try:
+        assert call(port, "/v1/health", TOKEN) == 200
+        token_file.write_text("the-rotated-token-9876543210")
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: call(port, "/v1/health", "the-rotated-token-9876543210") == 200)
+        # the old token is a wrong one now (429 once the tries above used the budget)
+        assert call(port, "/v1/health", TOKEN) in (401, 429)
         assert_serving(d)
     finally:
         d.stop()
