@@ -259,7 +259,7 @@ def test_tcp_api_needs_the_token_for_every_request(tmp_path):
         assert call("/v1/health", {**good, "Host": "evil.example"}) == 403
         assert call("/v1/health", {**good, "Origin": "http://evil.example"}) == 403
         assert call("/v1/health", {**good, "Origin": f"http://localhost:{port}"}) == 200
-        # wrong tokens: 401 up to the burst, then 429 without comparing, for a minute
+        # wrong tokens: 401 up to the burst, then 429 for a minute
         statuses = [call("/v1/health", {"Authorization": "Bearer wrong"}) for _ in range(8)]
         assert statuses == [401] * 5 + [429] * 3
         assert "wrong token from 127.0.0.1" in d.log()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -287,6 +288,9 @@ class ServingCollector(Collector):
         b.add("serving.scrape_failures", s, float(st.failures))
         b.add("serving.scrapes_over_limit", s, float(st.over_limit))
         b.describe(s, endpoint=ep.url, engine=ep.engine, scrape_error=error)
+        # +Inf, -Inf and NaN from an engine are no measurement: absent, not values (a KV
+        # cache "inf full" fired KV_CACHE_PRESSURE; issue 30, item 8)
+        filled.samples = [x for x in filled.samples if _finite(x.value)]
         b.extend(filled)
         await self._probes(b, s, ep, st, now)
         mv = self.managed_view
@@ -404,3 +408,7 @@ def _scan(path: Path) -> gates.ModelFiles | None:
         return gates.scan_model_dir(path)
     except OSError:
         return None
+
+
+def _finite(value: object) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)

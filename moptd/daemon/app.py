@@ -30,6 +30,7 @@ from moptd.daemon.managed import ManagedProcess, managed_process
 from moptd.daemon.remediation import Remediator
 from moptd.daemon.runtime import CollectorRuntime
 from moptd.daemon.socket_group import give_to_group
+from moptd.daemon.statelock import StateDirBusy, lock_state_dir
 from moptd.daemon.webconfig import BasicAuth, WebConfig, load_web_config
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
@@ -124,6 +125,9 @@ class Daemon:
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
         self._web: WebConfig | None = None
+        self._lock: int | None = None  # the state directory's lock, held while running
+        self._socket_bound = False
+        self._auth: ApiAuth | None = None  # its token is read again on SIGHUP
 
     def _set_missing(self) -> None:
         self.rules.missing = missing_namespaces(self.runtime)
@@ -144,6 +148,13 @@ class Daemon:
             except Exception:
                 log.exception("rule reload failed; the rules in force stay")
             await self._reload_policy()
+            await self._reload_token()
+
+    async def _reload_token(self) -> None:
+        """SIGHUP reads api.token_file again: a rotated token takes effect without a restart
+        (an unreadable file refuses TCP requests until fixed, as at start)."""
+        if self._auth is not None and self.config.api_token_file is not None:
+            self._auth.token = await asyncio.to_thread(load_token, self.config.api_token_file)
 
     async def _reload_policy(self) -> None:
         """SIGHUP reads the remediation policy again (the rest of the file needs a restart);
@@ -191,6 +202,11 @@ class Daemon:
                 self.config.state_dir,
                 exc.strerror or exc,
             )
+        try:
+            self._lock = lock_state_dir(self.config.state_dir)
+        except StateDirBusy as exc:
+            log.error("%s", exc)
+            return 1
         await self.diagnosis.start()
         await self.remediator.start()
         # Before listening: the first scrape names every collector (pending until it has
@@ -275,7 +291,7 @@ class Daemon:
                 cfg.exporter_listen,
                 " (basic auth)" if web_cfg is not None and web_cfg.users else "",
             )
-        auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
+        auth = self._auth = ApiAuth(cfg.api_group, load_token(cfg.api_token_file))
         api_app = make_api_app(
             self.store,
             self.runtime,
@@ -298,6 +314,7 @@ class Daemon:
             log.error("API socket not started: %s", exc)
         else:
             await CappedSite(api, api_app[CAP], path=str(sock)).start()
+            self._socket_bound = True
             os.chmod(sock, cfg.api_socket_mode)
             if cfg.api_group:
                 problem = give_to_group(sock, cfg.api_group)
@@ -318,6 +335,11 @@ class Daemon:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self._socket_bound:
+            # ours (bound by this run): a stale socket left behind reads as a daemon running
+            with contextlib.suppress(OSError):
+                safefs.remove_stale_socket(self.config.api_socket)
+            self._socket_bound = False
 
 
 class ListenError(Exception):

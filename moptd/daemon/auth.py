@@ -6,8 +6,16 @@ daemon's own user or members of the configured group, read from the socket's pee
 credentials. A loopback TCP port has no such gate (every local user reaches it), so on TCP
 every request, reads too, needs the bearer token from the token file, and its Host and
 Origin headers must name a loopback address (a web page's DNS-rebinding cannot send one).
-Failed tokens are logged and, past FAILED_TOKEN_BURST a minute from one address, answered
-429 without comparing them.
+Failed tokens are logged and, past FAILED_TOKEN_BURST a minute from one source, answered 429.
+
+The throttle must not be a weapon. Every local user is 127.0.0.1 on loopback, so a throttle
+that refused a *source* would let any unprivileged user lock root out with four wrong
+guesses a minute. So: a correct token always passes, throttled or not (the comparison is
+constant-time and costs no more than the refusal); only wrong ones count and are refused.
+And because a local user can send from any of 127.0.0.0/8 (and ::1, ::ffff:127.x), all of
+loopback is one source: rotating addresses does not buy more guesses. What a wrong guess
+costs the daemon is bounded: one comparison, a log line a minute per source, and at most
+MAX_SOURCES sources remembered.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import grp
 import hmac
+import ipaddress
 import logging
 import os
 import pwd
@@ -31,14 +40,15 @@ from moptd.daemon.http import ApiError, Handler
 log = logging.getLogger(__name__)
 
 
-FAILED_TOKEN_BURST = 5  # wrong tokens from one address in FAILED_TOKEN_WINDOW, then 429
+FAILED_TOKEN_BURST = 5  # wrong tokens from one source in FAILED_TOKEN_WINDOW, then 429
 FAILED_TOKEN_WINDOW = 60.0
+MAX_SOURCES = 4096  # sources remembered, whatever the number of addresses
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
 @dataclass(slots=True)
 class FailedTokens:
-    """Wrong-token attempts per peer address, in fixed one-minute windows."""
+    """Wrong-token attempts per source (throttle_key), in fixed one-minute windows."""
 
     windows: dict[str, tuple[float, int]] = field(default_factory=dict)
     logged: dict[str, float] = field(default_factory=dict)
@@ -52,7 +62,7 @@ class FailedTokens:
         if now - start >= FAILED_TOKEN_WINDOW:
             start, count = now, 0
         self.windows[peer] = (start, count + 1)
-        if len(self.windows) > 4096:  # a bound, whatever the number of addresses
+        if len(self.windows) > MAX_SOURCES:
             oldest = min(self.windows, key=lambda k: self.windows[k][0])
             del self.windows[oldest]
         return count + 1
@@ -61,15 +71,35 @@ class FailedTokens:
         if now - self.logged.get(peer, float("-inf")) < FAILED_TOKEN_WINDOW:
             return False
         self.logged[peer] = now
-        if len(self.logged) > 4096:
+        if len(self.logged) > MAX_SOURCES:
             self.logged.pop(next(iter(self.logged)))
         return True
 
 
-@dataclass(frozen=True, slots=True)
+def throttle_key(remote: str | None) -> str:
+    """The source a wrong token is charged to: all of loopback is one (any local user can
+    bind 127.0.0.2..127.255.255.254 or ::1), an IPv6 peer its /64 (one host's usual share),
+    any other address itself."""
+    if not remote:
+        return "?"
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return remote
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+@dataclass(slots=True)
 class ApiAuth:
     group: str | None = None  # may call mutating endpoints on the Unix socket
-    token: str | None = None  # required for every request on TCP
+    # required for every request on TCP; replaced when SIGHUP reads the token file again
+    token: str | None = None
     failed: FailedTokens = field(default_factory=FailedTokens, compare=False)
 
 
@@ -166,26 +196,31 @@ def check_tcp_request(request: web.Request) -> None:
             "the TCP API needs api.token_file (every local user can reach a loopback port); "
             "use the Unix socket, or configure a token",
         )
-    peer = request.remote or "?"
-    now = time.monotonic()
-    if auth.failed.blocked(peer, now):
-        raise ApiError(
-            429, f"too many wrong tokens from {peer}; try again in a minute", retry_after=60
-        )
     given = _bearer(request.headers.get("Authorization", ""))
     if not given:
         raise ApiError(401, "missing bearer token (Authorization: Bearer <api.token_file>)")
-    if not hmac.compare_digest(given.encode(), auth.token.encode()):
-        # a guess, unlike a missing header: counted, logged once a minute, then refused
-        count = auth.failed.record(peer, now)
-        if auth.failed.should_log(peer, now):
-            log.warning(
-                "TCP API: wrong token from %s (%d in this minute; after %d, 429 for a minute)",
-                peer,
-                count,
-                FAILED_TOKEN_BURST,
-            )
-        raise ApiError(401, "wrong bearer token")
+    # compared first: a correct token passes whatever others sent from the same source
+    if hmac.compare_digest(given.encode(), auth.token.encode()):
+        return
+    peer = request.remote or "?"
+    key = throttle_key(request.remote)
+    now = time.monotonic()
+    if auth.failed.blocked(key, now):
+        raise ApiError(
+            429, f"too many wrong tokens from {key}; try again in a minute", retry_after=60
+        )
+    # a guess, unlike a missing header: counted, logged once a minute, then refused
+    count = auth.failed.record(key, now)
+    if auth.failed.should_log(key, now):
+        log.warning(
+            "TCP API: wrong token from %s (source %s: %d in this minute; after %d, 429 "
+            "for a minute; the right token still passes)",
+            peer,
+            key,
+            count,
+            FAILED_TOKEN_BURST,
+        )
+    raise ApiError(401, "wrong bearer token")
 
 
 @web.middleware

@@ -290,6 +290,8 @@ class FindingsDB:
         # rows per table, and their largest id, in the file when it was copied to memory
         self._base: dict[str, tuple[int, int]] = {}
         self.health = StoreHealth(path=str(path) if path else ":memory:")
+        # logs whose events failed to store: their positions are not moved on (_write)
+        self._held: set[str] = set()
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
         self._thread = threading.Thread(target=self._run, name="findings-db", daemon=True)
@@ -546,26 +548,47 @@ class FindingsDB:
 
     def _write(self, fn: Callable[[sqlite3.Connection], None]) -> None:
         """A write that never raises: on a disk error it is retried in memory."""
+        self._stored(fn)
+
+    def _stored(self, fn: Callable[[sqlite3.Connection], None]) -> bool:
+        """_write, and whether it was stored (on disk or in memory)."""
         assert self._conn is not None
         try:
             with _transaction(self._conn):
                 fn(self._conn)
             self.health.writes += 1
-            return
+            return True
         except sqlite3.Error as exc:
             self.health.write_errors += 1
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             if self.health.state == "failing" and self.path is not None and self._conn_is_memory():
                 log.error("findings database write failed in memory: %s", exc)
-                return
+                return False
             self._fallback(exc)
         try:
             with _transaction(self._conn):
                 fn(self._conn)
             self.health.writes += 1
+            return True
         except sqlite3.Error as exc:
+            if self._conn.in_transaction:  # else every later write fails to BEGIN
+                self._conn.execute("ROLLBACK")
             log.error("findings database write failed in memory: %s", exc)
+            return False
+
+    def _hold_positions(self, sources: Iterable[str]) -> None:
+        """Events of these logs were not stored: their positions stay where the last stored
+        event left them, for the rest of this run, so that a restart reads them again (what
+        is stored after this may then be stored twice; nothing the log still holds is lost)."""
+        for source in sources:
+            if source not in self._held:
+                self._held.add(source)
+                log.error(
+                    "%s events could not be stored: its read position stays at the last "
+                    "stored event until moptd restarts and reads the log again from there",
+                    source,
+                )
 
     def _conn_is_memory(self) -> bool:
         assert self._conn is not None
@@ -592,9 +615,15 @@ class FindingsDB:
         def write(c: sqlite3.Connection) -> None:
             _insert_events(c, rows)
             for pos in positions.values():
-                _upsert_position(c, pos, now)
+                if pos.source not in self._held:
+                    _upsert_position(c, pos, now)
 
-        return self.submit(lambda _c: self._write(write))
+        def job(_c: sqlite3.Connection) -> None:
+            # the position never passes an event that is not stored
+            if not self._stored(write):
+                self._hold_positions(positions)
+
+        return self.submit(job)
 
     def save_position(
         self, source: str, boot_id: str, seq: int | None, cursor: str = ""
@@ -603,7 +632,12 @@ class FindingsDB:
         after every write asked for before it, so it never runs ahead of their events."""
         pos = LogPosition(source, boot_id, seq, cursor)
         now = time.time()
-        return self.submit(lambda _c: self._write(lambda c: _upsert_position(c, pos, now)))
+
+        def write(c: sqlite3.Connection) -> None:
+            if source not in self._held:
+                _upsert_position(c, pos, now)
+
+        return self.submit(lambda _c: self._write(write))
 
     def record_remediation(self, rec: Mapping[str, Any]) -> concurrent.futures.Future[None]:
         """One remedy's audit row, inserted or brought up to date by its `key`."""
@@ -798,7 +832,13 @@ def _log_changes(mem: sqlite3.Connection) -> None:
     for table in TABLES:
         for op, row in (("INSERT", "new"), ("UPDATE", "new"), ("DELETE", "old")):
             name = f"changed_{table}_{op.lower()}"
-            body = f"INSERT OR IGNORE INTO changed VALUES ('{table}', {row}.id)"  # noqa: S608
+            # not INSERT OR IGNORE: in a trigger, an upsert's DO UPDATE (the log positions)
+            # overrides the IGNORE, and the second change to a row failed the whole write
+            # with "UNIQUE constraint failed: changed.tbl, changed.id" (issue 30, item 7)
+            body = (
+                f"INSERT INTO changed SELECT '{table}', {row}.id WHERE NOT EXISTS "  # noqa: S608
+                f"(SELECT 1 FROM changed WHERE tbl = '{table}' AND id = {row}.id)"
+            )
             mem.execute(f"CREATE TEMP TRIGGER {name} AFTER {op} ON main.{table} BEGIN {body}; END")
 
 

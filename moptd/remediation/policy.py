@@ -47,6 +47,36 @@ CAUSES: Mapping[str, frozenset[str]] = {
 GPU_RESETS = ("reset_gpu", "gpu_reset", "nvidia_smi_reset", "reset")
 # restart_with may add arguments, never point the engine at another model or address
 FIXED_ARGS = ("--model", "--host", "--port", "--served-model-name")
+# restart_with changes how the engine runs, never what code runs: these load code from
+# elsewhere into the engine, so a policy entry may not set them (issue 30, item 8)
+CODE_ARGS: Mapping[str, str] = {
+    "--trust-remote-code": "runs Python shipped with the model (vLLM, SGLang, HF)",
+    "--worker-cls": "names the Python class vLLM runs as its worker",
+    "--worker-extension-cls": "adds a Python class to vLLM's worker",
+    "--model-impl": "picks another model implementation",
+    "--load-format": "picks how weights are loaded (a plugin, or pickle-based formats)",
+    "--tokenizer": "points at another tokenizer, with its own remote code",
+    "--chat-template": "replaces the Jinja template run on every request",
+    "--plugins": "loads plugins into the engine",
+    "--enable-custom-code": "runs code shipped with the model",
+}
+CODE_ENV: Mapping[str, str] = {
+    "LD_PRELOAD": "loads a shared library into every process",
+    "LD_LIBRARY_PATH": "chooses which shared libraries load (CUDA, NCCL included)",
+    "LD_AUDIT": "loads a shared library into every process",
+    "PYTHONPATH": "chooses which Python modules import",
+    "PYTHONSTARTUP": "runs a Python file",
+    "PYTHONHOME": "chooses the Python standard library",
+    "PYTHONUSERBASE": "chooses the user site-packages",
+    "PYTHONINSPECT": "drops into an interactive interpreter",
+    "PATH": "chooses which programs run",
+    "VLLM_PLUGINS": "loads vLLM plugins",
+    "HF_HUB_ENABLE_HF_TRANSFER": "loads another download module",
+    "TRUST_REMOTE_CODE": "runs Python shipped with the model",
+    "CUDA_INJECTION64_PATH": "loads a shared library into every CUDA process",
+    "NCCL_NET_PLUGIN": "loads a network plugin library into NCCL",
+    "NCCL_TUNER_PLUGIN": "loads a tuner plugin library into NCCL",
+}
 ENTRY_KEYS = ("code", "remedy", "args", "env")
 
 # The guards' defaults (docs/remediation.md says why each is what it is).
@@ -246,6 +276,11 @@ def _args(where: tuple[str, ...], raw: Any, remedy: str) -> tuple[str, ...]:
             raise PolicyError(path, f"each argument is a non-empty string, not {arg!r}")
         if arg.split("=", 1)[0] in FIXED_ARGS:
             raise PolicyError(path, f"{arg} would serve another model or address; not a remedy")
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if name in CODE_ARGS:
+            raise PolicyError(
+                path, f"{arg} changes the code that runs ({CODE_ARGS[name]}); not a remedy"
+            )
         out.append(arg)
     return tuple(out)
 
@@ -262,6 +297,9 @@ def _env(where: tuple[str, ...], raw: Any, remedy: str) -> dict[str, str]:
     for k, v in raw.items():
         if not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit():
             raise PolicyError(path, f"not an environment variable name: {k!r}")
+        if k.upper() in CODE_ENV or k.upper().startswith("LD_"):
+            why = CODE_ENV.get(k.upper(), "steers the dynamic linker")
+            raise PolicyError((*path, k), f"{k} changes the code that runs ({why}); not a remedy")
         if not isinstance(v, str) or "\0" in v:
             raise PolicyError((*path, k), f"must be a string, not {v!r}")
         out[k] = v
