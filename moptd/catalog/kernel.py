@@ -150,8 +150,19 @@ SIGNALS = [
         "kernel.pcie_aer",
         "node",
         "A PCIe AER error report; severity corrected, nonfatal or fatal; gpu set when the "
-        "device is a known GPU. Evidence only: no rule reads it (docs/xid.md).",
-        ("pci_bus_id", "severity", "type", "gpu"),
+        "device is a known GPU; driver is the device's driver as the line prints it "
+        "(pcieport, nvidia). Fatal reports feed PCIE_FATAL_ERROR "
+        "(rules/hardware/pcie-fatal.rules.yaml).",
+        ("pci_bus_id", "severity", "type", "gpu", "driver"),
+    ),
+    _ev(
+        "kernel.pcie_recovery",
+        "node",
+        "AER recovery of a device: outcome failed ('device recovery failed', on the port "
+        "above the device) or no_handler (the device's driver cannot take part: 'can't "
+        "recover (no error_detected callback)', 'device has no AER-aware driver'); driver "
+        "as the line prints it (pcieport, nvidia).",
+        ("pci_bus_id", "driver", "outcome", "gpu"),
     ),
     _ev(
         "kernel.nccl_segfault",

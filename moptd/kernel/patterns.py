@@ -151,8 +151,19 @@ OOM_KILLED = re.compile(
     r"(?P<pid>\d+) \((?P<name>[^)]*)\)(?:.*?anon-rss:(?P<rss>\d+)kB)?"
 )
 AER = re.compile(
-    r"(?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:AER: )?PCIe Bus Error: "
+    r"(?:(?P<driver>[\w-]{1,32}) )?(?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+    r"(?:AER: )?PCIe Bus Error: "
     r"severity=(?P<sev>[^,]+)(?:, type=(?P<type>[^,]+))?"
+)
+# AER recovery (drivers/pci/pcie/err.c pcie_do_recovery, printed on the port above the
+# device: "pcieport 0000:00:03.0: AER: device recovery failed"), and the GPU's own part in
+# it: "nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)", older
+# kernels "nvidia 0000:02:00.0: device has no AER-aware driver" (nv_pci_driver registers
+# no pci_error_handlers: open-gpu-kernel-modules#1229)
+AER_RECOVERY = re.compile(
+    r"(?P<driver>[\w-]{1,32}) (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+    r"(?:AER: )?(?P<what>[Dd]evice recovery failed|can't recover \(no error_detected callback\)"
+    r"|device has no AER-aware driver)"
 )
 NCCL_SEGFAULT = re.compile(
     r"(?P<process>[^\s\[\]]{1,64})\[(?P<pid>\d+)\]: segfault at (?P<addr>[0-9a-fA-F]+)"
@@ -489,8 +500,19 @@ class KernelMatcher:
                 "pci_bus_id": pci_key(m.group("bus")),
                 "severity": _aer_severity(m.group("sev")),
                 "type": (m.group("type") or "").strip(),
+                "driver": m.group("driver") or "",
             }
             return [Match("kernel.pcie_aer", fields, line)]
+        if "recover" in line or "AER-aware" in line:
+            m = AER_RECOVERY.search(line)
+            if m is not None:
+                failed = m.group("what").lower().startswith("device recovery")
+                fields = {
+                    "pci_bus_id": pci_key(m.group("bus")),
+                    "driver": m.group("driver"),
+                    "outcome": "failed" if failed else "no_handler",
+                }
+                return [Match("kernel.pcie_recovery", fields, line)]
         if "segfault at" in line and "libnccl" in line:
             m = NCCL_SEGFAULT.search(line)
             if m is not None:
