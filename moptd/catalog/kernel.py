@@ -156,6 +156,15 @@ SIGNALS = [
         ("pci_bus_id", "severity", "type", "gpu", "driver"),
     ),
     _ev(
+        "kernel.gsp_error",
+        "node",
+        "A GSP failure the driver logs without an Xid: kind heartbeat ('GSP RM heartbeat "
+        "timed out', 'Heartbeat timed out, currentTimeMs ...') or rpc_without_api_lock "
+        "('Attempted to process RPC event ... without API lock'); rm_gpu is the driver's "
+        "GPU instance ('NVRM: GPU6 ...'), not nvidia-smi's index.",
+        ("kind", "rm_gpu"),
+    ),
+    _ev(
         "kernel.pcie_recovery",
         "node",
         "AER recovery of a device: outcome failed ('device recovery failed', on the port "

@@ -136,6 +136,15 @@ OPEN_MODULE_UNSUPPORTED = re.compile(
 # by open / nvidia.ko because it does not include the required GPU / System Processor
 # (GSP)." (NVIDIA/open-gpu-kernel-modules#322); the GPU is named on the first line
 OPEN_MODULE_NO_GSP = re.compile(r"does not include the required GPU")
+# GSP failures that come with no Xid number (src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c,
+# 595.45.04: _kgspIsHeartbeatTimedOut line 2303, _kgspRpcRecvPoll 2890/2894,
+# _kgspProcessRpcEvent 1444). "GPU6" is the driver's own GPU instance, not a PCI address
+# nor nvidia-smi's index. The "GSP Timeout" banner is left out: it comes with Xid 119.
+GSP_NO_XID = re.compile(
+    r"NVRM: (?:GPU(?P<inst>\d{1,3}) )?(?:[A-Za-z_][\w]{0,63}: )?"
+    r"(?P<what>GSP RM heartbeat timed out|LibOS heartbeat timed out|Heartbeat timed out"
+    r"|Attempted to process RPC event .{0,160}?without API lock)"
+)
 SECURE_BOOT = (
     re.compile(r"Lockdown: (?P<process>[^:]{1,64}): unsigned module loading is restricted"),
     re.compile(
@@ -426,6 +435,14 @@ class KernelMatcher:
         if OPEN_MODULE_UNSUPPORTED.search(line):
             self._open_unsupported = True
             return []
+        if "eartbeat timed out" in line or "without API lock" in line:
+            m = GSP_NO_XID.search(line)
+            if m is not None:
+                what = m.group("what")
+                kind = "rpc_without_api_lock" if what.startswith("Attempted") else "heartbeat"
+                inst = m.group("inst")
+                fields = {"kind": kind, "rm_gpu": None if inst is None else int(inst)}
+                return [Match("kernel.gsp_error", fields, line)]
         return self._module_failure(line)
 
     def _api_mismatch(self, final: bool) -> list[Match]:
