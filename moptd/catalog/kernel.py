@@ -156,6 +156,16 @@ SIGNALS = [
         ("pci_bus_id", "severity", "type", "gpu", "driver"),
     ),
     _ev(
+        "kernel.unclassified",
+        "gpu",
+        "A record of a GPU-related kernel emitter (NVRM, nvidia-*, nvidia-drm) that says it "
+        "failed and that no pattern classifies (moptd/kernel/unclassified.py). Subject the "
+        "GPU when the line names its PCI address, else node. messages quotes the distinct "
+        "messages of that emitter and subject so far with their counts (at most 8; more "
+        "counts the rest).",
+        ("emitter", "message", "level", "messages", "more", "pci_bus_id"),
+    ),
+    _ev(
         "kernel.gsp_error",
         "node",
         "A GSP failure the driver logs without an Xid: kind heartbeat ('GSP RM heartbeat "

@@ -348,6 +348,15 @@ CODES: dict[str, Code] = {
         "a watched filesystem (model dir, /tmp, state dir) nearly full",
     ),
     # moptd's own health: made by the engine itself, never by a rule (its layer is no rule's).
+    "UNCLASSIFIED_ERROR": Code(
+        "moptd",
+        "warning",
+        "a source moptd reads holds error records that no pattern of moptd's knows (an "
+        "ERROR/CRITICAL log record, a Python exception, a kernel line at priority err or worse "
+        "from a GPU-related emitter): moptd quotes them, names the emitter, and never answers "
+        '"no findings" over them. It never replaces a specific code: a record that a pattern '
+        "classifies is not unclassified",
+    ),
     "RULE_EVALUATION_FAILED": Code(
         "moptd",
         "warning",
