@@ -63,6 +63,7 @@ _FACILITY = r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|f
 _LEVEL = r"(?:emerg|alert|crit|err|warn|notice|info|debug)"
 _KERNEL = (
     rf"(?:{_FACILITY}\s*:{_LEVEL}\s*: |<\d{{1,3}}>)?"  # dmesg --decode, dmesg --raw (pstore)
+    r"(?:\x1b\[[0-9;]{0,32}m)?"  # dmesg --color=always: the stamp in green
     r"(?:\d{1,3},\d{1,20},\d{1,20},[^;\n]{0,40};"  # /dev/kmsg
     r"|\[\s*\d{1,10}\.\d{1,9}\]"  # dmesg
     rf"|\[{_WDAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]"  # dmesg -T

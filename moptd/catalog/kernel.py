@@ -150,8 +150,38 @@ SIGNALS = [
         "kernel.pcie_aer",
         "node",
         "A PCIe AER error report; severity corrected, nonfatal or fatal; gpu set when the "
-        "device is a known GPU. Evidence only: no rule reads it (docs/xid.md).",
-        ("pci_bus_id", "severity", "type", "gpu"),
+        "device is a known GPU; driver is the device's driver as the line prints it "
+        "(pcieport, nvidia). Fatal reports feed PCIE_FATAL_ERROR "
+        "(rules/hardware/pcie-fatal.rules.yaml).",
+        ("pci_bus_id", "severity", "type", "gpu", "driver"),
+    ),
+    _ev(
+        "kernel.unclassified",
+        "gpu",
+        "A record of a GPU-related kernel emitter (NVRM, nvidia-*, nvidia-drm) that says it "
+        "failed and that no pattern classifies (moptd/kernel/unclassified.py). Subject the "
+        "GPU when the line names its PCI address, else node. messages quotes the distinct "
+        "messages of that emitter and subject so far with their counts (at most 8; more "
+        "counts the rest).",
+        ("emitter", "message", "level", "messages", "more", "pci_bus_id"),
+    ),
+    _ev(
+        "kernel.gsp_error",
+        "node",
+        "A GSP failure the driver logs without an Xid: kind heartbeat ('GSP RM heartbeat "
+        "timed out', 'Heartbeat timed out, currentTimeMs ...') or rpc_without_api_lock "
+        "('Attempted to process RPC event ... without API lock'); rm_gpu is the driver's "
+        "GPU instance ('NVRM: GPU6 ...'), not nvidia-smi's index.",
+        ("kind", "rm_gpu"),
+    ),
+    _ev(
+        "kernel.pcie_recovery",
+        "node",
+        "AER recovery of a device: outcome failed ('device recovery failed', on the port "
+        "above the device) or no_handler (the device's driver cannot take part: 'can't "
+        "recover (no error_detected callback)', 'device has no AER-aware driver'); driver "
+        "as the line prints it (pcieport, nvidia).",
+        ("pci_bus_id", "driver", "outcome", "gpu"),
     ),
     _ev(
         "kernel.nccl_segfault",

@@ -65,6 +65,13 @@ CODES: dict[str, Code] = {
         "warning",
         "PCIe replay counter rising: signal-integrity trouble",
     ),
+    "PCIE_FATAL_ERROR": Code(
+        "hardware",
+        "critical",
+        "a PCIe uncorrectable (fatal) AER error on a GPU or on the port above it "
+        '("Uncorrectable (Fatal)", "device recovery failed"): the GPU is likely gone from the '
+        "bus; drain, reboot, inspect the slot/riser",
+    ),
     "THERMAL_THROTTLE": Code(
         "hardware",
         "warning",

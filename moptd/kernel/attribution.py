@@ -14,6 +14,7 @@ from typing import Any
 from moptd.kernel.incidents import IncidentTracker
 from moptd.kernel.logparse import KernelRecord, facility_name
 from moptd.kernel.patterns import KernelMatcher, Match
+from moptd.kernel.unclassified import Tally, bus_of, emitter_of, is_error
 from moptd.kernel.xid import plan_for, xid_info
 from moptd.observations import NODE, Event, gpu_subject
 from moptd.proc.info import process_info
@@ -31,6 +32,7 @@ class Attributor:
         incidents: IncidentTracker | None = None,
     ) -> None:
         self.matcher = KernelMatcher()
+        self.unclassified = Tally()
         self.incidents = incidents or IncidentTracker()
         self.procfs = procfs
         self.gpu_index_by_bus: dict[str, int] = {}
@@ -52,7 +54,30 @@ class Attributor:
         t = rec.t if rec.t is not None else default_time
         # not 0 (kern): written to /dev/kmsg from user space, which cannot claim 0
         facility = facility_name(rec.facility) if rec.facility else None
-        return [self.event(m, t, rec.t, facility) for m in self.matcher.feed(rec.text)]
+        out = [self.event(m, t, rec.t, facility) for m in self.matcher.feed(rec.text)]
+        if not out:
+            out.extend(self._unclassified(rec, t))
+        return out
+
+    def _unclassified(self, rec: KernelRecord, t: float) -> list[Event]:
+        """A GPU emitter's error record that no pattern classified (UNCLASSIFIED_ERROR)."""
+        text = rec.text.split("\n", 1)[0].strip()
+        emitter = emitter_of(text)
+        if emitter is None or not is_error(rec.level, text, emitter):
+            return []
+        bus = bus_of(text)
+        subject = self.gpu_subject_for(pci_key(bus)) if bus else NODE
+        quotes, dropped = self.unclassified.add(subject, emitter, text)
+        fields: dict[str, Any] = {
+            "emitter": emitter,
+            "message": text[:200],
+            "level": rec.level,
+            "messages": quotes,
+            "more": dropped,
+        }
+        if bus:
+            fields["pci_bus_id"] = pci_key(bus)
+        return [Event("kernel.unclassified", subject, t, fields, text)]
 
     def flush(self, t: float) -> list[Event]:
         return [self.event(m, t, t) for m in self.matcher.flush()]

@@ -97,6 +97,10 @@ def facility_name(facility: int) -> str:
     return _FACILITIES[facility] if 0 <= facility < len(_FACILITIES) else str(facility)
 
 
+# dmesg --color=always (util-linux): SGR colour around the time stamp and the subsystem
+# prefix ("ESC[32m[ 7386.259769] ESC[0mESC[33mNVRM: ESC[0mAPI mismatch ..."); taken off
+# before the line is read (tests/fixtures/kernel-color/SOURCE.md)
+_SGR = re.compile(r"\x1b\[[0-9;]{0,32}m")
 _PRINTK_TIME = re.compile(r"\[\s*\d{1,12}\.\d{1,9}\]\s?")
 _HEX_RUN = re.compile(r"(?:\\x[0-9a-fA-F]{2})+")
 # A line number a paste tool put in front (`grep -n`: "943:" / "943-", `cat -n`: "  3315\t"),
@@ -408,6 +412,8 @@ def parse_kernel_log(
     start = 0
     human_t: float | None = None  # the time of the last dmesg -H record
     for n, raw in enumerate(text.splitlines(), start=1):
+        if "\x1b" in raw:
+            raw = _SGR.sub("", raw)
         first = raw[:1]
         if first.isdigit() or first == " " or first == "\t":
             numbered = _LINE_NUMBER.match(raw)

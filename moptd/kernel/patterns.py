@@ -136,6 +136,15 @@ OPEN_MODULE_UNSUPPORTED = re.compile(
 # by open / nvidia.ko because it does not include the required GPU / System Processor
 # (GSP)." (NVIDIA/open-gpu-kernel-modules#322); the GPU is named on the first line
 OPEN_MODULE_NO_GSP = re.compile(r"does not include the required GPU")
+# GSP failures that come with no Xid number (src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c,
+# 595.45.04: _kgspIsHeartbeatTimedOut line 2303, _kgspRpcRecvPoll 2890/2894,
+# _kgspProcessRpcEvent 1444). "GPU6" is the driver's own GPU instance, not a PCI address
+# nor nvidia-smi's index. The "GSP Timeout" banner is left out: it comes with Xid 119.
+GSP_NO_XID = re.compile(
+    r"NVRM: (?:GPU(?P<inst>\d{1,3}) )?(?:[A-Za-z_][\w]{0,63}: )?"
+    r"(?P<what>GSP RM heartbeat timed out|LibOS heartbeat timed out|Heartbeat timed out"
+    r"|Attempted to process RPC event .{0,160}?without API lock)"
+)
 SECURE_BOOT = (
     re.compile(r"Lockdown: (?P<process>[^:]{1,64}): unsigned module loading is restricted"),
     re.compile(
@@ -151,8 +160,19 @@ OOM_KILLED = re.compile(
     r"(?P<pid>\d+) \((?P<name>[^)]*)\)(?:.*?anon-rss:(?P<rss>\d+)kB)?"
 )
 AER = re.compile(
-    r"(?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?:AER: )?PCIe Bus Error: "
+    r"(?:(?P<driver>[\w-]{1,32}) )?(?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+    r"(?:AER: )?PCIe Bus Error: "
     r"severity=(?P<sev>[^,]+)(?:, type=(?P<type>[^,]+))?"
+)
+# AER recovery (drivers/pci/pcie/err.c pcie_do_recovery, printed on the port above the
+# device: "pcieport 0000:00:03.0: AER: device recovery failed"), and the GPU's own part in
+# it: "nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)", older
+# kernels "nvidia 0000:02:00.0: device has no AER-aware driver" (nv_pci_driver registers
+# no pci_error_handlers: open-gpu-kernel-modules#1229)
+AER_RECOVERY = re.compile(
+    r"(?P<driver>[\w-]{1,32}) (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+    r"(?:AER: )?(?P<what>[Dd]evice recovery failed|can't recover \(no error_detected callback\)"
+    r"|device has no AER-aware driver)"
 )
 NCCL_SEGFAULT = re.compile(
     r"(?P<process>[^\s\[\]]{1,64})\[(?P<pid>\d+)\]: segfault at (?P<addr>[0-9a-fA-F]+)"
@@ -415,6 +435,14 @@ class KernelMatcher:
         if OPEN_MODULE_UNSUPPORTED.search(line):
             self._open_unsupported = True
             return []
+        if "eartbeat timed out" in line or "without API lock" in line:
+            m = GSP_NO_XID.search(line)
+            if m is not None:
+                what = m.group("what")
+                kind = "rpc_without_api_lock" if what.startswith("Attempted") else "heartbeat"
+                inst = m.group("inst")
+                fields = {"kind": kind, "rm_gpu": None if inst is None else int(inst)}
+                return [Match("kernel.gsp_error", fields, line)]
         return self._module_failure(line)
 
     def _api_mismatch(self, final: bool) -> list[Match]:
@@ -489,8 +517,19 @@ class KernelMatcher:
                 "pci_bus_id": pci_key(m.group("bus")),
                 "severity": _aer_severity(m.group("sev")),
                 "type": (m.group("type") or "").strip(),
+                "driver": m.group("driver") or "",
             }
             return [Match("kernel.pcie_aer", fields, line)]
+        if "recover" in line or "AER-aware" in line:
+            m = AER_RECOVERY.search(line)
+            if m is not None:
+                failed = m.group("what").lower().startswith("device recovery")
+                fields = {
+                    "pci_bus_id": pci_key(m.group("bus")),
+                    "driver": m.group("driver"),
+                    "outcome": "failed" if failed else "no_handler",
+                }
+                return [Match("kernel.pcie_recovery", fields, line)]
         if "segfault at" in line and "libnccl" in line:
             m = NCCL_SEGFAULT.search(line)
             if m is not None:
