@@ -184,8 +184,10 @@ def test_daemonset_has_what_moptd_needs():
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes[mounts["/dev/kmsg"]]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"  # device nodes and NVML from the runtime
+    # the node's name as the API server knows it, for explain's drain step (drain_fit.py)
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "resources" not in container or "nvidia.com/gpu" not in str(container["resources"])
 
 

@@ -6,7 +6,7 @@
 # See also: https://github.com/scop/bash-completion/blob/main/doc/configuration.md
 
 _shtab_moptd_rules_subparsers=(check test)
-_shtab_moptd_serving_subparsers=(status restart logs)
+_shtab_moptd_serving_subparsers=(status restart drain logs)
 _shtab_moptd_subparsers=(run status config doctor explain install-service record reload replay rules serving)
 
 _shtab_moptd_run_option_strings=(-h --help --config --log-level --collector --no-collector)
@@ -23,6 +23,7 @@ _shtab_moptd_rules_test_option_strings=(-h --help --no-coverage --json)
 _shtab_moptd_rules_option_strings=(-h --help)
 _shtab_moptd_serving_status_option_strings=(-h --help --json --config)
 _shtab_moptd_serving_restart_option_strings=(-h --help --config)
+_shtab_moptd_serving_drain_option_strings=(-h --help --undo --config)
 _shtab_moptd_serving_logs_option_strings=(-h --help -n --lines -f --follow --config)
 _shtab_moptd_serving_option_strings=(-h --help)
 _shtab_moptd_option_strings=(-h --help --version)
@@ -31,7 +32,7 @@ _shtab_moptd_option_strings=(-h --help --version)
 
 _shtab_moptd_run___log_level_choices=(debug info warning error)
 _shtab_moptd_rules_pos_0_choices=(check test)
-_shtab_moptd_serving_pos_0_choices=(status restart logs)
+_shtab_moptd_serving_pos_0_choices=(status restart drain logs)
 _shtab_moptd_pos_0_choices=(run status config doctor explain install-service record reload replay rules serving)
 
 _shtab_moptd_run__h_nargs=0
@@ -86,6 +87,9 @@ _shtab_moptd_serving_status___help_nargs=0
 _shtab_moptd_serving_status___json_nargs=0
 _shtab_moptd_serving_restart__h_nargs=0
 _shtab_moptd_serving_restart___help_nargs=0
+_shtab_moptd_serving_drain__h_nargs=0
+_shtab_moptd_serving_drain___help_nargs=0
+_shtab_moptd_serving_drain___undo_nargs=0
 _shtab_moptd_serving_logs__h_nargs=0
 _shtab_moptd_serving_logs___help_nargs=0
 _shtab_moptd_serving_logs__f_nargs=0

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from moptd.cli import EXIT_USAGE
+from moptd.cli.drain_fit import UNKNOWN, Host
 
 EXIT_BUNDLE = 2  # no runbook for the code
 EXIT_BAD_INPUT = 3  # a bundle or pasted file that could not be used, as `moptd replay`
@@ -94,6 +95,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if view is None:
             return EXIT_BAD_INPUT
         rule_paths: list[str | Path] = [default_rules_dir()]
+        drain_host = UNKNOWN  # the host a bundle came from cannot be looked at
     else:
         from moptd.cli.commands import load
 
@@ -112,13 +114,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
             view = offline_view(config, since)
             view["notes"] = notes + view["notes"]
         rule_paths = list(config.rule_paths)
+        drain_host = this_host(config)
+    from moptd.cli.drain_fit import fit
     from moptd.cli.explain_facts import annotate, load_ruleset
 
     ruleset = load_ruleset(rule_paths)
     view.setdefault("time", now)
     view["asked"] = args.subject
     view["findings"] = [
-        annotate(enrich(f), ruleset)
+        fit(annotate(enrich(f), ruleset), drain_host)
         for f in view["findings"]
         if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
@@ -143,6 +147,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
         print_remedies(view)
     return EXIT_BAD_INPUT if view.get("unusable") else EXIT_BLIND if view.get("blind") else 0
+
+
+def this_host(config: Any) -> Host:
+    """What schedules work onto this host, for the drain step (moptd/cli/drain_fit.py)."""
+    from moptd.cli.drain_fit import live_host
+
+    serving = config.collectors.get("serving")
+    managed = (serving.options.get("managed") or {}) if serving is not None else {}
+    name = managed.get("name", "") if isinstance(managed, dict) else ""
+    return live_host(Path(config.host_root), str(name or ""))
 
 
 def print_runbook(code: str | None) -> int:

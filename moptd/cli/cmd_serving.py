@@ -32,6 +32,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     restart = ssub.add_parser("restart", help="restart the managed serving process")
     restart.add_argument("--config", metavar="PATH", help="configuration file")
     restart.set_defaults(func=cmd_restart)
+    drain = ssub.add_parser(
+        "drain",
+        help="hold the managed engine's readiness off (GET /v1/serving/NAME/ready answers 503, "
+        "so a balancer stops sending; requests in flight finish); --undo lets it go",
+    )
+    drain.add_argument("name", help="the managed serving process (collectors.serving.managed.name)")
+    drain.add_argument("--undo", action="store_true", help="end the drain: readiness as before")
+    drain.add_argument("--config", metavar="PATH", help="configuration file")
+    drain.set_defaults(func=cmd_drain)
     logs = ssub.add_parser("logs", help="the managed serving process's log")
     logs.add_argument("-n", "--lines", type=int, default=100, help="lines to show (default 100)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
@@ -242,6 +251,40 @@ def _restart_through_daemon(args: argparse.Namespace, name: str) -> int:
         print(f"moptd: restart refused (HTTP {status}): {reason}", file=sys.stderr)
         return 1
     print(f"restarted {name}: {body['managed'].get('state')}")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Ask the daemon to hold (or, --undo, release) the managed engine's readiness."""
+    from moptd.cli import client
+    from moptd.cli.commands import load
+
+    config = load(args)
+    if config is None:
+        return EXIT_USAGE
+    method = "DELETE" if args.undo else "POST"
+    try:
+        status, body = client.request(config.api_socket, method, f"/v1/serving/{args.name}/drain")
+    except client.DaemonUnreachable as exc:
+        print(
+            f"moptd: the daemon holds the engine's readiness and is not reachable ({exc})",
+            file=sys.stderr,
+        )
+        return 1
+    if status != 200 or not isinstance(body, dict):
+        reason = body.get("error") if isinstance(body, dict) else body
+        print(f"moptd: drain refused (HTTP {status}): {reason}", file=sys.stderr)
+        return EXIT_USAGE if status == 404 else 1
+    if body.get("drained"):
+        print(
+            f"drained {body['name']}: /v1/serving/{body['name']}/ready answers 503 until "
+            f"`moptd serving drain {body['name']} --undo`"
+        )
+    else:
+        print(
+            f"undrained {body['name']}: ready = {str(body.get('ready')).lower()} "
+            f"({body.get('reason')})"
+        )
     return 0
 
 

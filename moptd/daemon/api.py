@@ -26,6 +26,7 @@ from moptd.daemon.handlers import (
     remediations,
     rules,
     serving,
+    serving_drain,
     serving_ready,
     serving_restart,
     snapshot,
@@ -76,5 +77,7 @@ def make_api_app(
     app.router.add_get("/v1/serving", serving)
     app.router.add_post("/v1/serving/{name}/restart", serving_restart)
     app.router.add_get("/v1/serving/{name}/ready", serving_ready)
+    app.router.add_post("/v1/serving/{name}/drain", serving_drain)
+    app.router.add_delete("/v1/serving/{name}/drain", serving_drain)
     app.router.add_get("/v1/remediations", remediations)
     return app

@@ -37,6 +37,7 @@ from moptd.store import SignalStore
 
 SSE_HEARTBEAT = 15.0
 
+
 def dumps(obj: Any) -> str:
     """Strict JSON (RFC 8259): Python's json writes NaN and Infinity bare, which no strict
     parser reads. A non-finite number left in an answer (an evidence value, say) becomes
@@ -258,6 +259,21 @@ async def serving_restart(request: web.Request) -> web.Response:
     if remediator is not None:  # like the crash loop, an operator restart closes the breaker
         remediator.reset("an operator restarted the engine (POST /v1/serving/<name>/restart)")
     return web.json_response({"restarted": sup.spec.name, "managed": sup.status()}, dumps=dumps)
+
+
+async def serving_drain(request: web.Request) -> web.Response:
+    """An operator's drain of the managed engine: POST holds its readiness off (the
+    balancer stops sending; requests in flight finish), DELETE lets it go. A remedy's own
+    readiness hold is apart and never lifts this one."""
+    authorise_mutation(request)
+    _supervisor(request, request.match_info["name"])
+    if (await read_body(request)).strip() not in (b"", b"{}"):
+        raise ApiError(400, "drain takes no request body")
+    managed = request.app[MANAGED]
+    managed.drain(request.method == "POST")
+    ready, reason = managed.ready()
+    body = {"name": managed.spec.name, "drained": managed.drained, "ready": ready, "reason": reason}
+    return web.json_response(body, dumps=dumps)
 
 
 async def serving_ready(request: web.Request) -> web.Response:

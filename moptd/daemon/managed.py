@@ -65,6 +65,7 @@ class ManagedProcess:
             self.supervisor = Supervisor(spec, publish, state_dir / "serving" / spec.name)
         self.view = SupervisorView(self.supervisor)
         self.not_ready = ""  # why a remedy holds readiness off; "" while it does not
+        self.drained = False  # an operator's drain (moptd serving drain): until undone
 
     async def start(self) -> None:
         try:
@@ -106,9 +107,19 @@ class ManagedProcess:
     def readiness_on(self) -> None:
         self.not_ready = ""
 
+    def drain(self, on: bool) -> None:
+        """An operator's drain: readiness off until undone, whatever a remedy does."""
+        if on != self.drained:
+            log.warning(
+                "serving %s: %s by an operator", self.spec.name, "drained" if on else "undrained"
+            )
+        self.drained = on
+
     def ready(self) -> tuple[bool, str]:
-        """The readiness a balancer reads: off while a remedy holds it off, or while the
-        engine is not running."""
+        """The readiness a balancer reads: off while an operator drains the engine, while a
+        remedy holds it off, or while the engine is not running."""
+        if self.drained:
+            return False, "drained by an operator (moptd serving drain --undo lets it go)"
         if self.not_ready:
             return False, self.not_ready
         state = str(self.supervisor.status().get("state", ""))
