@@ -100,7 +100,7 @@ def where_line(inc: Incident, gpus: Sequence[dict[str, Any]]) -> str:
                     more = True
             ids.append(label)
         if more:
-            parts.append(", ".join(ids))
+            parts.append(listed(ids))
     who: list[dict[str, Any]] = []
     for f in inc.group:
         who += [w for w in f.get("attribution") or [] if w not in who]
@@ -253,7 +253,10 @@ def incident_block(
         title.append(f" ({ago(since, now)})", style="dim")
     ids = [f"#{g['id']}" for g in inc.group if g.get("id") is not None]
     if ids:
-        title.append(f" · {' '.join(ids)}", style="dim")
+        shown = " ".join(ids[:MAX_LISTED]) + (
+            f" +{len(ids) - MAX_LISTED}" if len(ids) > MAX_LISTED else ""
+        )
+        title.append(f" · {shown}", style="dim")
     console.print(title, soft_wrap=soft)
     summary = str(f.get("summary") or "")
     if len(inc.group) > 1:
@@ -298,6 +301,16 @@ def _field(
     console.print(line, soft_wrap=soft)
 
 
+MAX_LISTED = 8  # subjects named in a line; a block of 281 GPUs stays one screen
+
+
+def listed(items: Sequence[str], most: int = MAX_LISTED) -> str:
+    """The items, at most `most` of them named: "a, b, c and 278 more"."""
+    if len(items) <= most:
+        return ", ".join(items)
+    return f"{', '.join(items[:most])} and {len(items) - most} more"
+
+
 def _subjects(subjects: list[str]) -> str:
     if len(subjects) == 1:
         return subjects[0]
@@ -306,7 +319,7 @@ def _subjects(subjects: list[str]) -> str:
         nums = sorted(int(i) for i in idx)
         if nums == list(range(nums[0], nums[-1] + 1)):
             return f"gpu:{nums[0]}-{nums[-1]} ({len(nums)} GPUs)"
-    return f"{', '.join(subjects)} ({len(subjects)})"
+    return f"{listed(subjects)} ({len(subjects)})"
 
 
 def header(
@@ -394,4 +407,4 @@ def _gpu_list(subjects: list[str]) -> str:
             text.append(f"{nums[0]}-{nums[-1]}")
         else:
             text.extend(map(str, nums))
-    return ", ".join(text + rest)
+    return listed(text + rest)
