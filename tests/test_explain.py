@@ -521,7 +521,14 @@ def test_replay_lists_the_node_wide_cause_first_golden():
     out = moptd("replay", str(drill / "rminitadapter.log"), str(drill / "api-mismatch.log"))
     assert out.returncode == 2, out.stderr
     check_golden("replay_driver_update.txt", out.stdout)
-    titles = [ln for ln in out.stdout.splitlines() if ln.startswith("CRITICAL ")]
+    titles = [ln.split(" · ")[0] for ln in out.stdout.splitlines() if "  CRITICAL  " in ln]
+    assert titles == [
+        "1.  CRITICAL  DRIVER_VERSION_MISMATCH on node",
+        "2.  CRITICAL  GPU_INIT_FAILED on gpu:0000:0a:00.0",
+    ]
+    # the tree behind --verbose keeps the same order
+    tree = moptd("replay", "-v", str(drill / "rminitadapter.log"), str(drill / "api-mismatch.log"))
+    titles = [ln for ln in tree.stdout.splitlines() if ln.startswith("CRITICAL ")]
     assert titles == [
         "CRITICAL DRIVER_VERSION_MISMATCH on node",
         "CRITICAL GPU_INIT_FAILED on gpu:0000:0a:00.0 (0000:0a:00.0)",

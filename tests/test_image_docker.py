@@ -194,7 +194,10 @@ def test_the_image_builds_starts_and_answers(dockerd: dict[str, str]) -> None:
         health = _until("/v1/health", lambda: get("/v1/health", "/run/moptd/api.sock"))
         status_line, _, body = health.partition("\n\n")  # text mode: \r\n read as \n
         assert status_line.split()[1] == "200", health
-        assert json.loads(body)["status"] == "ok"
+        # no /dev/kmsg in this container: the kernel log is a source not read, so the
+        # health is degraded and says why (issue 31: no all-clear from a blind source)
+        assert json.loads(body)["status"] == "degraded", body
+        assert "kernel" in body, body
         metrics = get("/metrics", "9477")
         assert metrics.split()[1] == "200", metrics[:500]
         assert 'moptd_build_info{python="3.11.' in metrics

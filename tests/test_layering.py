@@ -62,5 +62,5 @@ def test_findings_service_loads_socket_only_through_asyncio() -> None:
 
 
 def test_the_probe_sees_a_forbidden_import() -> None:
-    """The probe is not blind: the bundle reader runs collectors, which load aiohttp."""
-    assert "aiohttp" in _loaded("moptd.bundle")
+    """The probe is not blind: the daemon's API loads aiohttp."""
+    assert "aiohttp" in _loaded("moptd.daemon.api")

@@ -115,18 +115,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
             view["notes"] = notes + view["notes"]
         rule_paths = list(config.rule_paths)
         drain_host = this_host(config)
-    from moptd.cli.drain_fit import fit
-    from moptd.cli.explain_facts import annotate, load_ruleset
+    from moptd.cli.explain_facts import load_ruleset
 
     ruleset = load_ruleset(rule_paths)
     view.setdefault("time", now)
     view["asked"] = args.subject
     view["findings"] = [
-        fit(annotate(enrich(f), ruleset), drain_host)
+        f
         for f in view["findings"]
         if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
-    add_related(view["findings"])
+    explained(view, ruleset, drain_host)
     # this host's answer (not a bundle's): "No active findings for gpu:7" if there is none
     host = not args.bundle and not view["findings"]
     missing = unknown_gpu(args.subject, view.get("gpus", [])) if host else None
@@ -147,6 +146,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
         print_remedies(view)
     return EXIT_BAD_INPUT if view.get("unusable") else EXIT_BLIND if view.get("blind") else 0
+
+
+def explained(view: dict[str, Any], ruleset: Any, drain_host: Host) -> None:
+    """Add to each finding of the view what explain shows: NVIDIA's actions, the rule's
+    steps (the drain fitted to the host), the deciding evidence, the related findings."""
+    from moptd.cli.drain_fit import fit
+    from moptd.cli.explain_facts import annotate
+
+    view["findings"] = [fit(annotate(enrich(f), ruleset), drain_host) for f in view["findings"]]
+    add_related(view["findings"])
 
 
 def this_host(config: Any) -> Host:
@@ -262,7 +271,6 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     from moptd.cli.bundle_guard import check_bundle
     from moptd.cli.cmd_replay import report_unusable
     from moptd.cli.explain_facts import load_rules_once
-    from moptd.cli.render_findings import read_lines
     from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.replay import replay_timeline
 
@@ -276,6 +284,13 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
         print(f"moptd explain: {exc}", file=sys.stderr)
         return None
     bad = report_unusable(report.read, "moptd explain")
+    return replay_view(inputs, tl, report, bad)
+
+
+def replay_view(inputs: list[str], tl: Any, report: Any, bad: bool) -> dict[str, Any]:
+    """What explain shows of a replay: `moptd replay` and `explain --bundle` alike."""
+    from moptd.cli.render_findings import read_lines
+
     shown = " + ".join(inputs)
     used, unused = read_lines(report.read)
     notes = [f"Bundle {shown}: {report.steps} time steps replayed."]

@@ -64,7 +64,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "-v",
         "--verbose",
         action="store_true",
-        help="list the rules left undecided for missing evidence, with their conditions",
+        help="each finding as a tree (decision path, evidence, every action) and the rules "
+        "left undecided for missing evidence, with their conditions; without it, the answer "
+        "`moptd explain --bundle` gives",
     )
     p.add_argument(
         "--rules",
@@ -112,11 +114,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
         json.dump({**report.to_json(), "versions": versions}, sys.stdout, indent=1, sort_keys=False)
         sys.stdout.write("\n")
         return code
-    from moptd.cli.render_findings import render_replay
     from moptd.cli.sanitize import for_terminal
     from moptd.serving.version_lock import cuda_line
 
-    render_replay(for_terminal(report), verbose=args.verbose)  # --json above keeps it exact
+    if args.verbose:  # the tree: every finding's decision path, evidence and actions
+        from moptd.cli.render_findings import render_replay
+
+        render_replay(for_terminal(report), verbose=True)  # --json above keeps it exact
+    else:  # the answer `moptd explain --bundle` gives for the same inputs
+        from moptd.cli.cmd_explain import explained, replay_view
+        from moptd.cli.drain_fit import UNKNOWN
+        from moptd.cli.render_explain import print_explain
+        from moptd.cli.render_findings import print_undecided
+
+        view = replay_view(list(args.inputs), tl, report, bad)
+        view["asked"] = "these inputs"
+        explained(view, loaded.ruleset, UNKNOWN)  # a bundle's host cannot be looked at
+        print_explain(for_terminal(view))
+        print_undecided(report)
     print("versions: " + (cuda_line(versions) if versions is not None else "not recorded"))
     return code
 

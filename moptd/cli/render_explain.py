@@ -168,6 +168,12 @@ def print_explain(
     findings = view.get("findings") or []
     if not findings:
         what = view.get("asked") or "this host"
+        if view.get("source") == "bundle" and not any(
+            e.get("used") for e in view.get("read") or []
+        ):
+            # never a green all-clear over nothing
+            console.print(Text("No findings: nothing could be read.", style="bold yellow"))
+            return
         if blind:
             console.print(Text(f"No findings for {what} from the sources read: not an all-clear."))
             return

@@ -121,12 +121,7 @@ def render_replay(
             tree.add(f"runbook: {f['runbook']}")
         out.print(tree)
     if report.unknown and not verbose:
-        rules = {str(u["rule"]) for u in report.unknown}
-        n = len(rules)
-        out.print(
-            f"{n} rule{'' if n == 1 else 's'} undecided for missing evidence (never read as "
-            "healthy); --verbose lists them"
-        )
+        print_undecided(report, out)
     elif report.unknown:
         undecided = Tree(
             Text("Undecided for missing evidence (never read as healthy)", style="bold")
@@ -144,3 +139,15 @@ def render_replay(
             for cond in conds[rule]:
                 node.add(cond)
         out.print(undecided)
+
+
+def print_undecided(report: ReplayReport, console: Console | None = None) -> None:
+    """How many rules the inputs left undecided: never read as healthy, so always said."""
+    if not report.unknown:
+        return
+    out = console or Console(width=None if Console().is_terminal else _UNWRAPPED)
+    n = len({str(u["rule"]) for u in report.unknown})
+    out.print(
+        f"{n} rule{'' if n == 1 else 's'} undecided for missing evidence (never read as "
+        "healthy); --verbose lists them"
+    )
