@@ -34,7 +34,8 @@ from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.nvsmi import NvsmiError, read_dump
 from moptd.gpu.recorded import sample_row
 from moptd.proc import wsl
-from moptd.record.redact import HostMasker, Redactor
+from moptd.record.mask import HostMasker
+from moptd.record.redact import Redactor
 from moptd.serving import version_lock
 from moptd.serving.bundle import ENVIRON
 from moptd.serving.environment import site_packages_of

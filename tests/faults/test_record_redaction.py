@@ -28,15 +28,15 @@ import yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from moptd.record.mask import HostMasker
 from moptd.record.redact import (
     MARK,
-    HostMasker,
     Redactor,
     redact_argv,
     redact_line,
     redact_text,
 )
-from moptd.record.writer import Recorder, RecordOptions, ServingSource
+from moptd.record.writer import VERSION_FILES, Recorder, RecordOptions, ServingSource
 from tests.api_helpers import get, wait_socket
 from tests.conftest import FIXTURES
 from tests.daemon_proc import DaemonProcess, free_port
@@ -272,8 +272,6 @@ def test_a_redacted_and_masked_bundle_replays_as_the_original(name: str, tmp_pat
     for path in sorted(copy.rglob("*")):
         rel = path.relative_to(copy).as_posix()
         if path.is_file() and rel not in ("bundle.yaml", "expected.yaml", "SOURCE.md"):
-            from moptd.record.writer import VERSION_FILES
-
             before = path.read_bytes()
             after = red.data(rel, before, addresses=rel not in VERSION_FILES)
             assert after.count(b"\n") == before.count(b"\n")
