@@ -132,17 +132,20 @@ RULES: tuple[Rule, ...] = (
         "url-credentials",
         _r(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/:@'\"]+:(?P<value>[^\s/@'\"]+)@"),
     ),
-    # Token shapes, wherever they appear. Prefixes and lengths from gitleaks' rules
-    # (config/gitleaks.toml: openai-api-key, huggingface-access-token, github-pat,
-    # github-fine-grained-pat, aws-access-token, slack tokens, gcp-api-key), which follow the
-    # vendors' own documentation of their formats.
+    # Token shapes, wherever they appear. The prefixes are gitleaks' (config/gitleaks.toml,
+    # rules openai-api-key, huggingface-access-token, github-pat/-oauth/-app-token,
+    # github-fine-grained-pat, aws-access-token, slack-*-token, gcp-api-key); the lengths are
+    # looser than gitleaks' exact ones (hf_ and 34 letters there, 30 or more letters and
+    # digits here): a scanner avoids false alarms, a redactor would rather take one more.
     Rule("openai-key", _r(r"\b(?P<value>sk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,})")),
     Rule("huggingface-token", _r(r"\b(?P<value>hf_[A-Za-z0-9]{30,})\b")),
     Rule(
         "github-token",
         _r(r"\b(?P<value>gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b"),
     ),
-    Rule("aws-access-key-id", _r(r"\b(?P<value>(?:AKIA|ASIA)[0-9A-Z]{16})\b")),
+    Rule(
+        "aws-access-key-id", _r(r"\b(?P<value>(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16})\b")
+    ),
     Rule("slack-token", _r(r"\b(?P<value>xox[baprs]-[A-Za-z0-9-]{10,})")),
     Rule("google-api-key", _r(r"\b(?P<value>AIza[0-9A-Za-z_-]{35})")),
 )
@@ -194,7 +197,7 @@ def _apply(rule: Rule, text: str, counts: Counter[str]) -> str:
 # log to about a second. "tokens" and "tokenizer" fill a vLLM log and are not names.
 TRIGGER = re.compile(
     r"key|token(?![si])|secret|pass|pwd|credential|bearer|authorization|://"
-    r"|sk-|hf_|gh[pousr]_|github_pat_|akia|asia|xox|aiza"
+    r"|sk-|hf_|gh[pousr]_|github_pat_|a3t|akia|asia|abia|acca|xox|aiza"
 )
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
