@@ -308,6 +308,14 @@ class Redactor:
             out = [self.masker.mask(a, c) for a in out]
         return out
 
+    def host(self, rel: str, name: str) -> str:
+        """A host name that stands alone (bundle.yaml's host): its pseudonym when masking."""
+        if self.masker is None:
+            return name
+        masked = self.masker.host(name)
+        self._counts(rel)["host-name"] += masked != name
+        return masked
+
     def data(self, rel: str, data: bytes, addresses: bool = True) -> bytes:
         """Bytes as read: decoded so that bytes that are not UTF-8 come back unchanged."""
         if not self.secrets and self.masker is None:

@@ -21,7 +21,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,8 +85,9 @@ class RecordOptions:
     # the host collector's WSL2 directories (collectors.host.wsl_lib_dir, guest_lib_dirs)
     wsl_lib_dir: Path = Path(wsl.WSL_LIB_DIR)
     guest_lib_dirs: Sequence[Path] = tuple(Path(d) for d in wsl.GUEST_LIB_DIRS)
-    # moptd/record/redact.py: secrets out of every file unless --no-redact; host names and
-    # addresses masked with --mask-hosts (these names are this host's, the first stands for it)
+    # moptd/record/redact.py: secrets out of every file unless --no-redact; with --mask-hosts
+    # (mask_hosts: this host's names, host name and FQDN, all of them host0) host names and
+    # addresses too (moptd/record/mask.py)
     redact: bool = True
     mask_hosts: Sequence[str] | None = None
 
@@ -473,15 +473,9 @@ class Recorder:
                 return
 
     def _meta(self, root: Path, started: float) -> None:
-        host = socket.gethostname()
-        if self.redactor.masker is not None:
-            masked = self.redactor.masker.host(host)
-            if masked != host:
-                self.redactor.files.setdefault("bundle.yaml", Counter())["host-name"] += 1
-            host = masked
         meta: dict[str, Any] = {
             "format": FORMAT,
-            "host": host,
+            "host": self.redactor.host("bundle.yaml", socket.gethostname()),
             "captured_at": dt.datetime.fromtimestamp(started, tz=dt.UTC).isoformat(),
             "duration_seconds": self.opts.duration,
             "interval_seconds": self.opts.interval,
