@@ -32,6 +32,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a note for bundle.yaml (repeatable)",
     )
     p.add_argument("--config", metavar="PATH", help="configuration file (serving endpoints)")
+    p.add_argument(
+        "--no-redact",
+        action="store_true",
+        help="keep secrets (API keys, tokens, passwords, credentials in URLs) that record "
+        "otherwise replaces with [REDACTED] (docs/security.md)",
+    )
+    p.add_argument(
+        "--mask-hosts",
+        action="store_true",
+        help="also replace this host's names, names in its domain and IPv4 addresses with "
+        "consistent pseudonyms (host0, 10.255.0.1), as sosreport's --clean does",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_record)
 
@@ -79,6 +91,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         serving=serving,
         extra_notes=args.note,
         site_packages=site_packages,
+        redact=not args.no_redact,
+        mask_hosts=_own_names() if args.mask_hosts else None,
         **wsl_dirs,
     )
     out = Path(args.out)
@@ -89,9 +103,44 @@ def cmd_record(args: argparse.Namespace) -> int:
             print(f"moptd record: {exc}", file=sys.stderr)
             return 1
     print(f"bundle written to {result.path} ({len(result.files)} files)")
+    print(redaction_summary(result.redactor, len(result.files)))
     for note in result.notes:
         print(f"  not captured: {note}")
     return 0
+
+
+def redaction_summary(redactor: Any, files: int) -> str:
+    """One line: what record took out of the bundle, and how to keep it."""
+    if redactor.secrets:
+        n, in_files = redactor.secret_count()
+        if n:
+            line = (
+                f"redacted {n} secret{'s' if n != 1 else ''} in {in_files} "
+                f"file{'s' if in_files != 1 else ''}; --no-redact keeps them"
+            )
+        else:
+            line = f"redacted no secrets (none found in {files} files)"
+    else:
+        line = "secrets NOT redacted (--no-redact): share this bundle with care"
+    if redactor.masker is not None:
+        h, in_files = redactor.host_count()
+        line += (
+            f"; masked {h} host name{'s' if h != 1 else ''} and addresses in {in_files} "
+            f"file{'s' if in_files != 1 else ''}"
+        )
+    return line
+
+
+def _own_names() -> list[str]:
+    """This host's names as --mask-hosts masks them: its host name first (host0), then its
+    fully qualified name when that differs."""
+    import socket
+
+    names = [socket.gethostname()]
+    fqdn = socket.getfqdn()
+    if fqdn and fqdn not in names:
+        names.append(fqdn)
+    return names
 
 
 def serving_sources(config: Any) -> list[Any]:

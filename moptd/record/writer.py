@@ -33,6 +33,8 @@ from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.nvsmi import NvsmiError, read_dump
 from moptd.gpu.recorded import sample_row
 from moptd.proc import wsl
+from moptd.record.mask import HostMasker
+from moptd.record.redact import Redactor
 from moptd.serving import version_lock
 from moptd.serving.bundle import ENVIRON
 from moptd.serving.environment import site_packages_of
@@ -41,6 +43,12 @@ from moptd.serving.signals import CUDA_ENV, MAX_ENVIRON_BYTES, cuda_environ
 log = logging.getLogger(__name__)
 
 FORMAT = "moptd-bundle/v1"
+SAMPLES = "gpu/samples.jsonl"
+# Files of version numbers, where "12.4.5.8" (a cuBLAS wheel) is one and not an address:
+# --mask-hosts masks names in them, never addresses.
+VERSION_FILES = frozenset(
+    {version_lock.FILE, "kernel/uname_r", "kernel/driver_version", "kernel/proc_modules"}
+)
 TOOL_TIMEOUT = 30.0
 MAX_SCRAPE_BYTES = 8 << 20
 # A serving log can be days long; the last 64 MiB hold the incident and keep the bundle
@@ -77,6 +85,11 @@ class RecordOptions:
     # the host collector's WSL2 directories (collectors.host.wsl_lib_dir, guest_lib_dirs)
     wsl_lib_dir: Path = Path(wsl.WSL_LIB_DIR)
     guest_lib_dirs: Sequence[Path] = tuple(Path(d) for d in wsl.GUEST_LIB_DIRS)
+    # moptd/record/redact.py: secrets out of every file unless --no-redact; with --mask-hosts
+    # (mask_hosts: this host's names, host name and FQDN, all of them host0) host names and
+    # addresses too (moptd/record/mask.py)
+    redact: bool = True
+    mask_hosts: Sequence[str] | None = None
 
 
 @dataclass
@@ -84,6 +97,7 @@ class RecordResult:
     path: Path
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    redactor: Redactor = field(default_factory=Redactor)
 
 
 def _run(argv: Sequence[str]) -> str | None:
@@ -106,14 +120,21 @@ class Recorder:
         self.files: list[str] = []
         self._nvml: Any = None
         self._seq = 0
+        masker = HostMasker(opts.mask_hosts) if opts.mask_hosts is not None else None
+        self.redactor = Redactor(opts.redact, masker)
 
     # --- writing files ---
 
-    def _write(self, root: Path, rel: str, text: str | bytes) -> None:
+    def _write(self, root: Path, rel: str, text: str | bytes, redacted: bool = False) -> None:
+        """Every file of the bundle is written here, through the redactor; ``redacted``: the
+        caller has (bundle.yaml and cmdline.txt, redacted value by value)."""
+        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+        if not redacted:
+            data = self.redactor.data(rel, data, addresses=rel not in VERSION_FILES)
         path = root / rel
         _mkdirs(root, path.parent)
         with _open_private(path, append=False) as fh:
-            fh.write(text.encode("utf-8") if isinstance(text, str) else text)
+            fh.write(data)
         self.files.append(rel)
 
     def _copy(self, root: Path, src: Path, rel: str, what: str, tail: int | None = None) -> None:
@@ -175,7 +196,7 @@ class Recorder:
                 shutil.rmtree(root.parent, ignore_errors=True)
             self._nvml_close()
         self.progress("done", 1.0)
-        return RecordResult(out, sorted(self.files), self.notes)
+        return RecordResult(out, sorted(self.files), self.notes, self.redactor)
 
     def _static(self, root: Path) -> None:
         proc = self.opts.procfs
@@ -208,7 +229,10 @@ class Recorder:
                 break
         for s in self.opts.serving:
             if s.command:
-                self._write(root, f"serving/{s.name}/cmdline.txt", "\n".join(s.command) + "\n")
+                rel = f"serving/{s.name}/cmdline.txt"
+                # argument by argument: "--api-key" and its value are two lines here
+                argv = self.redactor.argv(rel, s.command)
+                self._write(root, rel, "\n".join(argv) + "\n", redacted=True)
             if s.model_dir is not None:
                 self._tool(
                     root, ["ls", "-l", str(s.model_dir)], f"serving/{s.name}/model_files.txt"
@@ -309,9 +333,10 @@ class Recorder:
         path = root / "gpu" / "samples.jsonl"
         _mkdirs(root, path.parent)
         with _open_private(path, append=True) as fh:
-            fh.write(("\n".join(rows) + "\n").encode("utf-8"))
-        if "gpu/samples.jsonl" not in self.files:
-            self.files.append("gpu/samples.jsonl")
+            text = self.redactor.text(SAMPLES, "\n".join(rows) + "\n")
+            fh.write(text.encode("utf-8"))
+        if SAMPLES not in self.files:
+            self.files.append(SAMPLES)
 
     def _nvml_close(self) -> None:
         if self._nvml is not None:
@@ -450,7 +475,7 @@ class Recorder:
     def _meta(self, root: Path, started: float) -> None:
         meta: dict[str, Any] = {
             "format": FORMAT,
-            "host": socket.gethostname(),
+            "host": self.redactor.host("bundle.yaml", socket.gethostname()),
             "captured_at": dt.datetime.fromtimestamp(started, tz=dt.UTC).isoformat(),
             "duration_seconds": self.opts.duration,
             "interval_seconds": self.opts.interval,
@@ -459,8 +484,10 @@ class Recorder:
         boot = boot_time(self.opts.procfs)
         if boot is not None:
             meta["boot_time"] = boot
+        self.notes = [self.redactor.text("bundle.yaml", n) for n in self.notes]
         meta["notes"] = "\n".join(self.notes) if self.notes else "nothing was left out"
-        self._write(root, "bundle.yaml", yaml.safe_dump(meta, sort_keys=False))
+        meta["redactions"] = self.redactor.manifest()
+        self._write(root, "bundle.yaml", yaml.safe_dump(meta, sort_keys=False), redacted=True)
 
 
 def _ls(directory: Path) -> str | None:
