@@ -527,6 +527,8 @@ def _build(
         options = {k: v for k, v in section.items() if k not in _COLLECTOR_COMMON}
         _check_options(registry[name], name, options)
         collectors[name] = CollectorConfig(section["enabled"], interval, timeout, options)
+    if "serving" in collectors:
+        _check_serving_names(collectors["serving"].options)
     watch = m["host"]["watch_paths"]
     if not all(isinstance(p, str) for p in watch):
         raise _KeyProblem(("host", "watch_paths"), 0, "must be a list of paths")
@@ -616,6 +618,24 @@ def _check_options(cls: type[Collector], name: str, options: Mapping[str, Any]) 
             if len(where) > 3 and where[3].startswith("["):
                 where = (*where[:2], key + where[3], *where[4:])
             raise _KeyProblem(where, 0, exc.message) from None
+
+
+def _check_serving_names(options: Mapping[str, Any]) -> None:
+    """One name, one engine: a managed engine and an endpoint of the same name would share
+    its signals, findings and remedies (issue 30, item 8). Named at the second name's line."""
+    seen: dict[str, str] = {}
+    for i, ep in enumerate(options.get("endpoints") or []):
+        name = ep.get("name") if isinstance(ep, Mapping) else None
+        if isinstance(name, str):
+            seen.setdefault(name, f"collectors.serving.endpoints[{i}]")
+    managed = options.get("managed") or {}
+    name = managed.get("name") if isinstance(managed, Mapping) else None
+    if isinstance(name, str) and name in seen:
+        raise _KeyProblem(
+            ("collectors", "serving", "managed", "name"),
+            0,
+            f"serving name {name!r} is also {seen[name]}'s: one name, one engine",
+        )
 
 
 def _check_listen(value: str, path: tuple[str, ...]) -> None:

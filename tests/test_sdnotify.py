@@ -241,9 +241,19 @@ def test_log_levels_map_to_syslog_priorities(level, priority):
 
 
 def test_journal_formatter_prefixes_every_line():
+    # a message is one journal record: a newline in it (a quoted kernel record) is shown
+    # escaped (issue 30, item 4); a traceback's lines each carry the priority
     record = logging.LogRecord("moptd.x", logging.ERROR, __file__, 1, "a\nb", None, None)
-    out = sdnotify.JournalPrefixFormatter("%(levelname)s %(name)s: %(message)s").format(record)
-    assert out == "<3>ERROR moptd.x: a\n<3>b"
+    fmt = sdnotify.JournalPrefixFormatter("%(levelname)s %(name)s: %(message)s")
+    assert fmt.format(record) == "<3>ERROR moptd.x: a\\x0ab"
+    try:
+        raise ValueError("c")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    lines = fmt.format(record).splitlines()
+    assert lines[0] == "<3>ERROR moptd.x: a\\x0ab"
+    assert lines[1] == "<3>Traceback (most recent call last):"
+    assert lines[-1] == "<3>ValueError: c"
 
 
 def test_journal_prefix_only_on_the_journal_stream(tmp_path, monkeypatch):

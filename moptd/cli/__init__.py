@@ -125,6 +125,12 @@ class ClosedPipeGuard:
 def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(sys.stdout, ClosedPipeGuard) and hasattr(sys.stdout, "fileno"):
         sys.stdout = ClosedPipeGuard(sys.stdout)
+    from moptd.cli.sanitize import TerminalStream
+
+    if not isinstance(sys.stderr, TerminalStream):
+        # error messages quote evidence (a member name from a tarball, a pasted line): one
+        # sanitiser for all of them, not one call at each (issue 30, item 4)
+        sys.stderr = TerminalStream(sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

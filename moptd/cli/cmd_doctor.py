@@ -66,7 +66,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
         sys.stdout.write("\n")
     else:
-        print_checklist(checks, status)
+        from moptd.cli.sanitize import for_terminal
+
+        # a check's detail quotes an engine's log or a path: escaped; --json keeps it exact
+        print_checklist(for_terminal(checks), status)
     return EXIT[status]
 
 

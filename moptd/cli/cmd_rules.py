@@ -77,8 +77,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if errors:
         print(f"{len(errors)} problem(s)", file=sys.stderr)
         return 1
+    from moptd.cli.sanitize import escape_text
+
     for lk in links:  # before the verdict line, which stays the last (scripts read it)
-        print(_link_line(lk))
+        print(escape_text(_link_line(lk)))
     print(f"{len(links)} links, {rules} rules OK")
     return 0
 

@@ -109,7 +109,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        _print_status(report)
+        from moptd.cli.sanitize import for_terminal
+
+        # a scrape error or a label value is the endpoint's text: escaped; --json keeps it
+        _print_status(for_terminal(report))
     return 1 if down else 0  # the same status with --json (docs/cli.md)
 
 
@@ -313,4 +316,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
         )
         return 1
     argv = ["tail", "-n", str(args.lines), *(["-F"] if args.follow else []), str(path)]
-    return subprocess.run(argv, check=False).returncode
+    if not sys.stdout.isatty():
+        return subprocess.run(argv, check=False).returncode  # into a pipe or a file: exact
+    return _tail_escaped(argv)
+
+
+def _tail_escaped(argv: list[str]) -> int:
+    """tail's lines with every control and bidi character escaped (moptd.termsafe): an
+    engine's log holds what its clients sent, and a terminal would obey an ESC in it."""
+    from moptd.termsafe import escape_text
+
+    with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                sys.stdout.write(escape_text(raw.decode("utf-8", "replace")))
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            proc.terminate()
+            return 130
+    return proc.returncode

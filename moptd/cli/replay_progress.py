@@ -16,7 +16,9 @@ class TerminalProgress:
     """Passed to ``moptd.diagnose.replay.replay`` as ``progress``; call ``finish`` after."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
+        # moptd's own carriage return and erase-line: below the sanitiser that moptd.cli.main
+        # puts on stderr (moptd.cli.sanitize.TerminalStream), which would show them escaped
+        self.stream: TextIO = getattr(stream, "raw", stream)
         self._shown = False
 
     def __call__(self, tl: Timeline) -> Callable[[float], None] | None:

@@ -1,33 +1,24 @@
 """One sanitiser between evidence and a terminal (issue 30, item 4).
 
-Kernel records, serving logs and pasted tickets are untrusted: an ESC in them is a
-clear-screen, a cursor move or an OSC 52 clipboard write when printed raw, and a bidi
-override reorders what the reader sees. ``for_terminal`` shows each such character escaped
-(``\\x1b``, ``\\u202e``) in every string of a view before a renderer gets it; ``--json`` never
-goes through it, so scripts get the exact text. Newline and tab stay: they cannot move the
-cursor anywhere a line break cannot. Idempotent: what it writes is printable ASCII.
+What it escapes is moptd.termsafe's (C0/C1 controls, DEL, bidi controls; tab and newline
+stay). ``for_terminal`` applies it to every string of a view (dicts, lists, tuples,
+dataclasses) before a renderer gets it; ``--json`` never goes through it, so scripts get the
+exact text (json.dump writes every control character as a \\u escape of its own).
+``TerminalStream`` applies it to everything written to stderr (moptd.cli.main wraps it):
+an error message that quotes evidence (a file name from a tarball, a value from a pasted
+file) is escaped without each call site knowing. Idempotent: what it writes is printable
+(a backslash is not escaped, so an escape it wrote reads back as itself).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields, is_dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
-# C0 controls but tab and newline, DEL, C1 controls (0x9b is a one-byte CSI), bidi overrides,
-# embeddings and isolates
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+from moptd.termsafe import escape_text
+
+__all__ = ["TerminalStream", "escape_text", "for_terminal"]
 T = TypeVar("T")
-
-
-def _escape(m: re.Match[str]) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
-def escape_text(text: str) -> str:
-    """The text with every control and bidi character shown as its escape."""
-    return _UNSAFE.sub(_escape, text)
 
 
 def for_terminal(value: T) -> T:
@@ -47,3 +38,22 @@ def _walk(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return replace(value, **{f.name: _walk(getattr(value, f.name)) for f in fields(value)})
     return value
+
+
+class TerminalStream:
+    """A text stream that escapes what is written to it. ``raw`` is the stream below, for
+    the one writer that means its control bytes (the replay progress line's erase)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.raw = stream
+
+    def write(self, text: str) -> int:
+        self.raw.write(escape_text(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)

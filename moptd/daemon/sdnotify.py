@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
+from moptd.termsafe import escape_text
+
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +106,24 @@ def priority_of(levelno: int) -> int:
     return _PRIORITY[logging.DEBUG]
 
 
-class JournalPrefixFormatter(logging.Formatter):
+class EscapingFormatter(logging.Formatter):
+    """A log record's message is one line with every control and bidi character escaped
+    (moptd.termsafe): a kernel record or an engine's error quoted in it can neither move a
+    terminal's cursor nor start a journal line of its own with a priority it chose
+    (issue 30, item 4). A traceback keeps its newlines and nothing else."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_text(record.message, newline=False)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: logging._SysExcInfoType) -> str:
+        return escape_text(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return escape_text(super().formatStack(stack_info))
+
+
+class JournalPrefixFormatter(EscapingFormatter):
     """Prefixes every line with "<N>" so journald records the level as the priority.
 
     Only for a stream connected to the journal (StandardError=journal): elsewhere the
@@ -128,7 +147,7 @@ def stream_is_journal(stream: TextIO = sys.stderr) -> bool:
         return False
 
 
-class TimestampFormatter(logging.Formatter):
+class TimestampFormatter(EscapingFormatter):
     """Starts every record with its time, RFC 3339 with milliseconds and the UTC offset
     (2026-12-05T13:02:32.123+00:00): `docker logs`, a terminal or a file redirect carry no
     time of their own, and a log line without one cannot be put beside a kernel or an

@@ -52,3 +52,32 @@ def test_a_token_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) ->
         proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+def test_a_managed_engine_and_an_endpoint_of_one_name_are_refused_with_the_line(
+    tmp_path: Path,
+) -> None:
+    """Issue 30, item 8: one serving name, one engine; two endpoints of one name too."""
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        "collectors:\n  serving:\n    endpoints:\n      - name: llm\n"
+        "        url: http://127.0.0.1:8000\n    managed:\n      name: llm\n"
+        "      engine: vllm\n      command: [vllm, serve, /models/x]\n      port: 8001\n"
+    )
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(
+        "collectors:\n  serving:\n    endpoints:\n      - name: llm\n"
+        "        url: http://127.0.0.1:8000\n      - name: llm\n"
+        "        url: http://127.0.0.1:8001\n"
+    )
+    for path, where in (
+        (both, f"{both}:7: key 'collectors.serving.managed.name'"),
+        (twice, f"{twice}:3: key 'collectors.serving.endpoints'"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "moptd", "config", "--config", str(path)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert where in out.stderr, out.stderr
+        assert "'llm'" in out.stderr, out.stderr
