@@ -24,6 +24,7 @@ from prometheus_client.utils import floatToGoString
 
 from moptd import __version__
 from moptd.catalog import BUCKET_LABEL, CATALOG, HISTOGRAM_SUM, Catalog, SignalSpec
+from moptd.daemon.software import software_samples
 from moptd.observations import Labels, subject_id, subject_kind
 from moptd.store import SignalStore, Snapshot
 
@@ -71,7 +72,7 @@ def render_families(snapshot: Snapshot, catalog: Catalog = CATALOG) -> list[Metr
     # (a managed engine's KV capacity from its page and from its log), the later one counts,
     # as it does in the store's series; it keeps the place of the first.
     values_of: dict[str, dict[tuple[str, ...], float]] = {}
-    for sample in snapshot.samples:
+    for sample in (*snapshot.samples, *software_samples(snapshot.samples)):
         spec = catalog.get(sample.signal)
         if spec is None or spec.metric is None or sample.value is None:
             continue
@@ -193,7 +194,8 @@ class TextRenderer:
         histograms: dict[str, dict[tuple[Labels, Labels], _HistogramSeries]] = {}
         # where each series' line is: a repeated series replaces its line (render_families)
         line_at: dict[tuple[str, Labels, Labels], int] = {}
-        for sample in snapshot.samples:
+        # the versions series is composed from stored samples (moptd/daemon/software.py)
+        for sample in (*snapshot.samples, *software_samples(snapshot.samples)):
             value = sample.value
             if value is None or isinstance(value, str):
                 continue
