@@ -23,7 +23,17 @@ from moptd.diagnose.model import ACTION_KINDS, Action, Branch, RuleSet
 
 log = logging.getLogger(__name__)
 
-_WHO = ("pid", "process", "user", "container", "container_runtime", "pod_uid", "unit")
+_WHO = (
+    "pid",
+    "process",
+    "user",
+    "container",
+    "container_runtime",
+    "pod_uid",
+    "pod",
+    "namespace",
+    "unit",
+)
 MAX_ATTRIBUTED = 5
 
 

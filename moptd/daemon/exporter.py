@@ -33,7 +33,8 @@ from moptd.store import SignalStore, Snapshot
 SUBJECT_LABELS: dict[str, tuple[str, ...]] = {
     "node": (),
     "gpu": ("gpu", "uuid"),
-    "process": ("pid", "process", "container"),
+    # pod and namespace name a Kubernetes pod (moptd/proc/pods.py); one value per process
+    "process": ("pid", "process", "container", "pod", "namespace"),
     "collector": ("collector",),
     "serving": ("serving",),
 }
@@ -46,7 +47,13 @@ def subject_labels(subject: str, attrs: dict[str, dict[str, str]]) -> dict[str, 
     if kind == "gpu":
         return {"gpu": ident, "uuid": a.get("uuid", "")}
     if kind == "process":
-        return {"pid": ident, "process": a.get("name", ""), "container": a.get("container", "")}
+        return {
+            "pid": ident,
+            "process": a.get("name", ""),
+            "container": a.get("container", ""),
+            "pod": a.get("pod", ""),
+            "namespace": a.get("namespace", ""),
+        }
     if kind in ("collector", "serving"):
         return {kind: ident}
     return {}
