@@ -48,6 +48,30 @@ def test_promtool_test_rules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_promtool_checks_and_tests_the_fleet_causes():
+    for args in (
+        ("check", "rules", "moptd-fleet.rules.yaml"),
+        ("test", "rules", "moptd-fleet.rules.test.yaml"),
+    ):
+        result = promtool(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_shared_version_that_chance_explains_does_not_fire(tmp_path):
+    """Without the chance clause, a version that most hosts run (vLLM 0.8.5 on 7 of 10, all
+    five Xid 119 hosts among them) or every host runs (CUDA 12.8) would be blamed too."""
+    text = (ALERTS / "moptd-fleet.rules.yaml").read_text()
+    start = text.index("          and (\n            (\n              component_version")
+    end = text.index("< 0.05\n          )\n") + len("< 0.05\n          )\n")
+    (tmp_path / "moptd-fleet.rules.yaml").write_text(text[:start] + text[end:])
+    shutil.copy(ALERTS / "moptd-fleet.rules.test.yaml", tmp_path)
+    tool = require_tool("promtool")
+    result = subprocess.run([tool, "test", "rules", "moptd-fleet.rules.test.yaml"],
+                            capture_output=True, text=True, cwd=tmp_path, check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert 'component="cuda", fault="Xid 119"' in result.stdout + result.stderr
+
+
 def test_a_wrong_expectation_fails_promtool(tmp_path):
     # The unit tests can fail: an expected annotation that differs makes promtool say so.
     shutil.copy(ALERTS / "moptd.rules.yaml", tmp_path)
@@ -200,9 +224,23 @@ def test_a_code_missing_from_the_docs_table_is_named(repo_copy):
 
 
 def test_every_alert_has_a_known_severity():
-    doc = yaml.safe_load((ALERTS / "moptd.rules.yaml").read_text())
-    severities = {r["labels"]["severity"] for g in doc["groups"] for r in g["rules"]}
-    assert severities <= {"info", "warning", "critical"}
+    for path in ALERTS.glob("*.rules.yaml"):
+        doc = yaml.safe_load(path.read_text())
+        severities = {r["labels"]["severity"] for g in doc["groups"] for r in g["rules"]
+                      if "alert" in r}  # fmt: skip
+        assert severities <= {"info", "warning", "critical"}, path
+
+
+def test_an_alert_on_a_series_nothing_records_is_named(repo_copy):
+    path = repo_copy / "grafana/alerts/moptd-fleet.rules.yaml"
+    path.write_text(path.read_text().replace(
+        "(fault:moptd_hosts_1h:count >= 3)", "(fault:moptd_hosts_24h:count >= 3)"))  # fmt: skip
+    result = run_check(repo_copy)
+    assert result.returncode == 1
+    assert (
+        "alert MoptdFleetFaultOnManyHosts: queries fault:moptd_hosts_24h:count, which no rule "
+        "file records"
+    ) in result.stderr
 
 
 def load_checker():

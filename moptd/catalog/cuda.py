@@ -234,4 +234,16 @@ SIGNALS = [
         None,
         ("cc",),
     ),
+    SignalSpec(
+        "versions.package",
+        "info",
+        "",
+        "A watched distribution of a serving environment (torch, vllm, sglang, tensorrt-llm) "
+        "and its version, read from its site-packages; exported as "
+        "moptd_software_version_info. Labels: serving (the environment's name), package "
+        "(the normalized distribution name), version.",
+        "node",
+        None,
+        ("serving", "package", "version"),
+    ),
 ]

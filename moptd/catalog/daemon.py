@@ -180,6 +180,18 @@ SIGNALS = [
         labels=("version", "python"),
     ),
     SignalSpec(
+        "node.software_version",
+        "info",
+        "",
+        "A version this host runs, one series per component (driver, cuda, kernel, torch, "
+        "vllm, sglang, tensorrt_llm), composed at scrape time from what the collectors "
+        "stored (moptd/daemon/software.py); several versions of one component (two "
+        "engines) are joined sorted with commas, at most 4. Value 1.",
+        "node",
+        "moptd_software_version_info",
+        labels=("component", "version"),
+    ),
+    SignalSpec(
         "daemon.resident_memory",
         "gauge",
         "bytes",

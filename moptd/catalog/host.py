@@ -83,6 +83,15 @@ SIGNALS = [
         ("path",),
     ),
     _n("swappiness", "gauge", "", "vm.swappiness.", "moptd_node_vm_swappiness"),
+    _n(
+        "kernel_release",
+        "info",
+        "",
+        "The running kernel's release (/proc/sys/kernel/osrelease); exported as "
+        'moptd_software_version_info{component="kernel"}.',
+        None,
+        ("release",),
+    ),
     # WSL2 (moptd/proc/wsl.py, docs/wsl.md): the GPU belongs to the Windows driver there.
     _n(
         "wsl2",

@@ -71,7 +71,9 @@ def _who(who: dict[str, Any]) -> str:
     extra = [f"user {who['user']}"] if who.get("user") else []
     if who.get("container"):
         extra.append(f"container {str(who['container'])[:12]}")
-    if who.get("pod_uid"):
+    if who.get("pod"):  # named from the kubelet's /var/log/pods (moptd/proc/pods.py)
+        extra.append(f"pod {who.get('namespace', '')}/{who['pod']}")
+    elif who.get("pod_uid"):
         extra.append(f"pod {who['pod_uid']}")
     if who.get("unit") and not who.get("container"):
         extra.append(f"unit {who['unit']}")

@@ -26,7 +26,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_WHO = ("pid", "process", "user", "container", "container_runtime", "pod_uid", "unit")
+_WHO = (
+    "pid",
+    "process",
+    "user",
+    "container",
+    "container_runtime",
+    "pod_uid",
+    "pod",
+    "namespace",
+    "unit",
+)
 MAX_ATTRIBUTED = 5
 
 

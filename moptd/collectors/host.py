@@ -19,6 +19,8 @@ from moptd.observations import NODE, Batch, labels_of
 from moptd.proc import procfs, wsl
 from moptd.proc.files import OpenFiles
 
+MAX_RELEASE = 128  # uname's release field is at most 64 characters (struct utsname)
+
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "SwapTotal", "SwapFree"})
 _VMSTAT_KEYS = frozenset({"pswpin", "pswpout"})
@@ -152,6 +154,8 @@ class HostCollector(Collector):
         release = self._optional(proc / "sys/kernel/osrelease").strip()
         if not release:
             release = wsl.release_of(self._optional(proc / "version"))
+        if release:  # for moptd_software_version_info: a fleet compares hosts by kernel
+            b.add("node.kernel_release", NODE, 1.0, labels_of(release=release[:MAX_RELEASE]))
         generation = wsl.wsl_generation(release)
         dxg = not self.ctx.recorded and os.path.exists(self.ctx.devfs / "dxg")
         if generation != 2 and not dxg:

@@ -41,6 +41,8 @@ from moptd.kernel.logparse import KernelRecord
 from moptd.kernel.xid import catalog as xid_catalog
 from moptd.kernel.xid_tally import KERNEL, XidTally
 from moptd.observations import NODE, Batch, Event
+from moptd.proc.pods import DEFAULT_ROOT as POD_LOG_DIR
+from moptd.proc.pods import PodIndex
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +75,20 @@ class KernelLogCollector(Collector):
         "gpu_map_interval": Option(
             (int, float), 300, "Seconds between refreshes of the PCI address -> GPU map."
         ),
+        "pod_log_dir": Option(
+            str,
+            POD_LOG_DIR,
+            "The kubelet's pod log directory, whose <namespace>_<pod>_<uid> entries name "
+            "the pod of an Xid's process (its cgroup gives the UID); under paths.host_root.",
+        ),
     }
 
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
         self.attributor = Attributor(
-            procfs=ctx.procfs, incidents=IncidentTracker(float(self.option("incident_gap")))
+            procfs=ctx.procfs,
+            incidents=IncidentTracker(float(self.option("incident_gap"))),
+            pods=PodIndex(lambda: ctx.host_path(str(self.option("pod_log_dir")))),
         )
         self.follower: _Follower | None = None
         self._unavailable = ""

@@ -51,6 +51,8 @@ from moptd.gpu.recorded import RecordedBackend
 from moptd.kernel.xid_tally import NVML, XidTally
 from moptd.observations import NODE, Batch, Event, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
+from moptd.proc.pods import DEFAULT_ROOT as POD_LOG_DIR
+from moptd.proc.pods import PodIndex
 from moptd.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,12 @@ class NvmlCollector(Collector):
     default_timeout = 5.0
     options: ClassVar[Mapping[str, Option]] = {
         "backend": Option(str, "live", "live (NVML) or recorded (replay `recording`)."),
+        "pod_log_dir": Option(
+            str,
+            POD_LOG_DIR,
+            "The kubelet's pod log directory, whose <namespace>_<pod>_<uid> entries name "
+            "the pod of a process (its cgroup gives the UID); under paths.host_root.",
+        ),
         "recording": Option(str, "", "Recording file for backend: recorded."),
         "replicate": Option(int, 1, "Recorded backend: present each recorded GPU N times."),
         "slow_interval": Option((int, float), 5.0, "Seconds between slow-tier reads."),
@@ -178,6 +186,7 @@ class NvmlCollector(Collector):
         self._ready = False
         self._gpus: dict[int, _GpuState] = {}
         self._procs: dict[int, ProcessInfo | None] = {}
+        self._pods = PodIndex(lambda: self.ctx.host_path(str(self.option("pod_log_dir"))))
         self._procs_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self.xids = ctx.xids if ctx.xids is not None else XidTally()
@@ -462,6 +471,9 @@ class NvmlCollector(Collector):
                 if p.pid in self._procs:
                     continue
             info = process_info(p.pid, self.ctx.procfs)
+            pod = self._pods.lookup(info.pod_uid) if info is not None else None
+            if info is not None and pod is not None:
+                info = dataclasses.replace(info, pod=pod.name, namespace=pod.namespace)
             with self._procs_lock:
                 self._procs[p.pid] = info
 
@@ -547,6 +559,8 @@ class NvmlCollector(Collector):
                 container=info.container_id,
                 container_runtime=info.container_runtime,
                 pod_uid=info.pod_uid,
+                pod=info.pod,
+                namespace=info.namespace,
                 unit=info.unit,
                 cmdline=info.cmdline,
             )

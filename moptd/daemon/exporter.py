@@ -24,6 +24,7 @@ from prometheus_client.utils import floatToGoString
 
 from moptd import __version__
 from moptd.catalog import BUCKET_LABEL, CATALOG, HISTOGRAM_SUM, Catalog, SignalSpec
+from moptd.daemon.software import software_samples
 from moptd.observations import Labels, subject_id, subject_kind
 from moptd.store import SignalStore, Snapshot
 
@@ -32,7 +33,8 @@ from moptd.store import SignalStore, Snapshot
 SUBJECT_LABELS: dict[str, tuple[str, ...]] = {
     "node": (),
     "gpu": ("gpu", "uuid"),
-    "process": ("pid", "process", "container"),
+    # pod and namespace name a Kubernetes pod (moptd/proc/pods.py); one value per process
+    "process": ("pid", "process", "container", "pod", "namespace"),
     "collector": ("collector",),
     "serving": ("serving",),
 }
@@ -45,7 +47,13 @@ def subject_labels(subject: str, attrs: dict[str, dict[str, str]]) -> dict[str, 
     if kind == "gpu":
         return {"gpu": ident, "uuid": a.get("uuid", "")}
     if kind == "process":
-        return {"pid": ident, "process": a.get("name", ""), "container": a.get("container", "")}
+        return {
+            "pid": ident,
+            "process": a.get("name", ""),
+            "container": a.get("container", ""),
+            "pod": a.get("pod", ""),
+            "namespace": a.get("namespace", ""),
+        }
     if kind in ("collector", "serving"):
         return {kind: ident}
     return {}
@@ -71,7 +79,7 @@ def render_families(snapshot: Snapshot, catalog: Catalog = CATALOG) -> list[Metr
     # (a managed engine's KV capacity from its page and from its log), the later one counts,
     # as it does in the store's series; it keeps the place of the first.
     values_of: dict[str, dict[tuple[str, ...], float]] = {}
-    for sample in snapshot.samples:
+    for sample in (*snapshot.samples, *software_samples(snapshot.samples)):
         spec = catalog.get(sample.signal)
         if spec is None or spec.metric is None or sample.value is None:
             continue
@@ -193,7 +201,8 @@ class TextRenderer:
         histograms: dict[str, dict[tuple[Labels, Labels], _HistogramSeries]] = {}
         # where each series' line is: a repeated series replaces its line (render_families)
         line_at: dict[tuple[str, Labels, Labels], int] = {}
-        for sample in snapshot.samples:
+        # the versions series is composed from stored samples (moptd/daemon/software.py)
+        for sample in (*snapshot.samples, *software_samples(snapshot.samples)):
             value = sample.value
             if value is None or isinstance(value, str):
                 continue

@@ -19,6 +19,7 @@ from moptd.kernel.xid import plan_for, xid_info
 from moptd.observations import NODE, Event, gpu_subject
 from moptd.proc.info import process_info
 from moptd.proc.pci import pci_key
+from moptd.proc.pods import PodIndex
 
 _GPU_STREAMS = frozenset({"kernel.xid", "kernel.gpu_fallen_off_bus", "kernel.gpu_init_failed"})
 
@@ -30,11 +31,13 @@ class Attributor:
         uuid_by_bus: Mapping[str, str] | None = None,
         procfs: Path | None = None,
         incidents: IncidentTracker | None = None,
+        pods: PodIndex | None = None,
     ) -> None:
         self.matcher = KernelMatcher()
         self.unclassified = Tally()
         self.incidents = incidents or IncidentTracker()
         self.procfs = procfs
+        self.pods = pods
         self.gpu_index_by_bus: dict[str, int] = {}
         self.uuid_by_bus: dict[str, str] = {}
         self.set_gpus(gpu_index_by_bus or {}, uuid_by_bus or {})
@@ -128,6 +131,10 @@ class Attributor:
         fields["container"] = info.container_id
         fields["container_runtime"] = info.container_runtime
         fields["pod_uid"] = info.pod_uid
+        pod = self.pods.lookup(info.pod_uid) if self.pods is not None else None
+        if pod is not None:
+            fields["pod"] = pod.name
+            fields["namespace"] = pod.namespace
         fields["unit"] = info.unit
 
 

@@ -20,8 +20,11 @@ from pathlib import Path
 _CONTAINER = re.compile(
     r"(?:(?P<rt>docker|cri-containerd|crio|libpod)[-/])?(?P<id>[0-9a-f]{64})(?:\.scope)?"
 )
+# A pod's UID: a UUID (its dashes underscores under the systemd cgroup driver), or for a
+# static pod the kubelet's config hash, 32 hex digits (kubepods-burstable-pod<hash>.slice).
 _POD = re.compile(
-    r"pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+    r"pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+    r"|[0-9a-f]{32})(?![0-9a-f])"
 )
 _UNIT = re.compile(r"/([^/]+\.(?:service|scope))$")
 _RUNTIMES = {
@@ -43,6 +46,8 @@ class ProcessInfo:
     container_runtime: str = ""
     pod_uid: str = ""
     unit: str = ""
+    pod: str = ""  # the pod's name and namespace, where moptd/proc/pods.py knows them
+    namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)

