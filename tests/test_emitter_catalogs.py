@@ -5,6 +5,7 @@ record whose rule raises that code, a benign one is never quoted as unclassified
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,16 @@ def test_the_parsers_agree_with_the_catalog(emitter: str, msg: object) -> None:
             "emitter: x\nname: X\nrecord: r\nread: [{repo: a, ref: b, how: fetch}]\n"
             "messages: [{text: t, code: X}]\n",
             "'source'",
+        ),
+        (
+            "emitter: x\nname: X\nrecord: r\nread: [{repo: a, ref: b, how: fetch}]\n"
+            "messages: [{text: t, code: X, source: s, seen: /etc/passwd:1}]\n",
+            "'seen'",
+        ),
+        (
+            "emitter: x\nname: X\nrecord: r\nread: [{repo: a, ref: b, how: fetch}]\n"
+            "messages: [{text: t, code: per-xid, source: s}]\n",
+            "'why'",
         ),
     ],
 )
@@ -338,3 +349,23 @@ def test_the_not_yet_matched_list_names_only_catalogued_messages() -> None:
     known = {(e, m.text) for e, m in KERNEL_ENTRIES}
     assert set(NOT_YET_MATCHED) <= known
     assert set(NOT_READ) <= set(KERNEL_SIDE)
+
+
+def test_rescoring_the_corpus_keeps_the_coverage_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/score_corpus.py rewrites docs/accuracy.md from the corpus; the coverage section
+    this test generates sits in the same file and must come through a rescore unchanged."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("score_corpus", REPO / "bench/score_corpus.py")
+    assert spec is not None
+    assert spec.loader is not None
+    scorer = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "score_corpus", scorer)  # its dataclasses look it up
+    spec.loader.exec_module(scorer)
+    doc = (REPO / "docs" / "accuracy.md").read_text()
+    start, end = doc.index("## Coverage by emitter"), doc.index("## Per bundle")
+    out = tmp_path / "accuracy.md"
+    out.write_text(doc)
+    assert scorer.keep_coverage(doc[:start] + doc[end:], out) == doc
