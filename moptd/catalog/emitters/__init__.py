@@ -11,6 +11,7 @@ test's job (this layer may not import the diagnosis).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -20,6 +21,9 @@ from moptd import yamlsafe
 
 HERE = Path(__file__).parent
 BENIGN = "benign"
+# An NVRM Xid line: the Xid number decides the code, from moptd/kernel/xid_catalog.yaml
+# (the emitter catalog holds the line's shape, the Xid catalog the per-Xid data)
+PER_XID = "per-xid"
 _MATCHES = ("substring", "regex")
 _HOWS = ("fetch", "wheel", "strings", "docs")
 
@@ -39,6 +43,10 @@ class Message:
     versions: str = ""
     why: str = ""
     pattern: re.Pattern[str] | None = None
+    # where a real line carrying the message was captured: "tests/fixtures/...:LINE", a
+    # file of lines copied from public threads (its SOURCE.md names them); tests feed
+    # that line to the parsers (the catalog text alone lacks the variable parts)
+    seen: str = ""
 
     def found_in(self, message: str) -> bool:
         if self.pattern is not None:
@@ -108,7 +116,8 @@ def parse(text: str, name: str) -> Emitter:
     )
 
 
-_KEYS = frozenset({"text", "match", "level", "code", "source", "ref", "versions", "why"})
+_KEYS = frozenset({"text", "match", "level", "code", "source", "ref", "versions", "why", "seen"})
+_SEEN = re.compile(r"tests/fixtures/[\w./-]{1,200}:[1-9][0-9]{0,6}")
 
 
 def _message(m: object, where: str) -> Message:
@@ -129,8 +138,11 @@ def _message(m: object, where: str) -> Message:
             raise CatalogError(f"{where}: key 'text' is no regex: {exc}") from None
     code = _str(m, "code", where)
     why = _str(m, "why", where, required=False)
-    if code == BENIGN and not why:
-        raise CatalogError(f"{where}: key 'why' is required for a benign message")
+    if code in (BENIGN, PER_XID) and not why:
+        raise CatalogError(f"{where}: key 'why' is required for a {code} message")
+    seen = _str(m, "seen", where, required=False)
+    if seen and (_SEEN.fullmatch(seen) is None or ".." in seen):
+        raise CatalogError(f"{where}: key 'seen' must be tests/fixtures/<file>:<line>")
     return Message(
         text,
         match,
@@ -141,6 +153,7 @@ def _message(m: object, where: str) -> Message:
         _str(m, "versions", where, required=False),
         why,
         pattern,
+        seen,
     )
 
 
@@ -169,20 +182,37 @@ def lookup(emitters: tuple[str, ...], message: str) -> Message | None:
     return None
 
 
-def coverage_table() -> str:
-    """docs/accuracy.md's coverage table by emitter (Markdown), from the catalogs."""
+def coverage_table(unmatched: Mapping[str, int] | None = None) -> str:
+    """docs/accuracy.md's coverage table by emitter (Markdown), from the catalogs.
+
+    ``unmatched``: per emitter checked against the kernel parsers (tests/
+    test_emitter_catalogs.py), how many of its coded messages those parsers do not read
+    as catalogued yet; "-" for the serving emitters, whose check has no such list."""
     rows = [
         "| emitter | messages catalogued | mapped to a code | of which UNCLASSIFIED_ERROR "
-        "| benign | versions read |",
-        "|---|---|---|---|---|---|",
+        "| benign | checked on a captured line | not yet matched by moptd | versions read |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for em in sorted(catalogs().values(), key=lambda e: e.id):
         coded = [m for m in em.messages if m.code != BENIGN]
         unclassified = sum(1 for m in coded if m.code == "UNCLASSIFIED_ERROR")
         benign = len(em.messages) - len(coded)
+        seen = sum(1 for m in em.messages if m.seen)
+        missing = "-" if unmatched is None or em.id not in unmatched else unmatched[em.id]
         reads = "; ".join(f"{r.repo} @ {r.ref} ({r.how})" for r in em.read)
         rows.append(
             f"| {em.name} (`{em.id}`) | {len(em.messages)} | {len(coded)} | {unclassified} "
-            f"| {benign} | {reads.replace('|', '/')} |"
+            f"| {benign} | {seen or '-'} | {missing} | {reads.replace('|', '/')} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def unmatched_table(rows: Iterable[tuple[str, str, str, str]]) -> str:
+    """docs/accuracy.md's list of messages catalogued but not yet matched: (emitter,
+    message, the catalog's code, what moptd does with it instead)."""
+    out = ["| emitter | message | catalogued as | what moptd does instead |", "|---|---|---|---|"]
+    for emitter, text, code, what in rows:
+        # a "|" inside a cell ends it: escaped, it reads as the regex's own "|"
+        cell = text.replace("|", "\\|").replace("`", "'")
+        out.append(f"| `{emitter}` | `{cell}` | {code} | {what.replace('|', '/')} |")
+    return "\n".join(out) + "\n"
