@@ -29,6 +29,15 @@ V0_FINAL = (
     "ERROR 04-15 00:31:11 worker_base.py:574] RuntimeError: Triton Error [CUDA]: "
     "an illegal memory access was encountered"
 )
+# vllm#12474 (turn 2): V0 run by systemd, read back with journalctl
+JOURNAL = (
+    FIXTURES / "incidents/vllm-v0-journald-engine-process-failed-to-start/serving/vllm/log.txt"
+)
+JOURNAL_PREFIX = "Jan 28 10:40:07 localhost bash[367371]: "
+# vllm#16107 (turn 5): `docker logs --timestamps` in front of V0's records
+DOCKER = FIXTURES / "incidents/vllm-v0-startup-debug-waiting-docker-timestamps/serving/vllm/log.txt"
+# gpustack#2415 (turn 2): Ray's ActorDiedError text as vLLM's engine core logs it
+RAY = FIXTURES / "incidents/vllm-v1-ray-actor-died-engine-core-start/serving/vllm/log.txt"
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -54,6 +63,31 @@ def test_vllm_prefixes_split_into_emitter_level_file_message() -> None:
     assert torch.message.startswith("[PG ID 2 PG GUID 3 Rank 2] Process group watchdog")
 
 
+def test_the_journal_and_docker_prefixes_are_read_past() -> None:
+    lines = JOURNAL.read_text().splitlines()
+    frame = split_record(lines[0])
+    assert frame.message.startswith('  File "/networkpath/'), frame
+    final = split_record(lines[2])
+    assert final.message.startswith("RuntimeError: Engine process failed to start"), final
+    rec = parse_line(lines[2])
+    assert rec is not None
+    assert rec.fields["kind"] == "engine_init_failed"
+    for line in DOCKER.read_text().splitlines():
+        head = split_record(line)
+        assert head.emitter == "vllm", line
+        assert head.level in ("DEBUG", "INFO", "WARNING"), line
+        assert head.stamp.startswith("04-06 00:55:"), line
+
+
+def test_a_ray_worker_death_under_vllm_is_an_engine_death() -> None:
+    line = RAY.read_text().splitlines()[0]
+    head = split_record(line)
+    assert (head.emitter, head.level, head.logger) == ("vllm", "ERROR", "core.py")
+    rec = LogState().record(line)
+    assert rec is not None
+    assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "ray_actor_died")
+
+
 def test_pytorch_lines_without_vllm_prefix_are_read() -> None:
     head = split_record(OLD_C10)
     assert (head.emitter, head.level, head.logger) == ("pytorch", "ERROR", "ProcessGroupNCCL.cpp")
@@ -71,7 +105,7 @@ def test_access_log_paths_are_never_evidence() -> None:
         "/NCCL timed out",
         '/x" 200 EngineCore encountered a fatal error',
     ):
-        for prefix in ("INFO:     ", "(APIServer pid=8) INFO:     ", ""):
+        for prefix in ("INFO:     ", "(APIServer pid=8) INFO:     ", "", JOURNAL_PREFIX):
             line = prefix + ACCESS.format(method="GET", path=path, status=404)
             assert split_record(line).user_text, line
             assert parse_line(line) is None, line
@@ -178,6 +212,8 @@ def test_split_never_raises_and_keeps_the_message(prefix: str, text: str) -> Non
             "(APIServer pid=8) INFO:     ",
             "WARNING:  ",
             "[2025-09-03 18:33:31] INFO:     ",
+            JOURNAL_PREFIX + "INFO:     ",
+            "2025-04-06T07:55:55.958207240Z INFO:     ",
         ]
     ),
 )

@@ -110,6 +110,12 @@ def _engine_dead(msg: str) -> LogRecord | None:
         ("AsyncLLM output_handler failed", "output_handler_failed"),
         ("Engine core initialization failed", "engine_init_failed"),
         ("EngineCore failed to start", "engine_init_failed"),
+        # V0's API server when its MQLLMEngine process never came up
+        # (vllm/entrypoints/openai/api_server.py, 0.6-0.10)
+        ("Engine process failed to start", "engine_init_failed"),
+        # Ray's message for an actor whose worker process died (ray/exceptions.py
+        # ActorDiedError), as vLLM's Ray executor logs it for its RayWorkerWrapper actors
+        ("The actor is dead because its worker process has died", "ray_actor_died"),
         # SGLang's per-process fatal handlers and the SIGQUIT a dying child sends its parent
         # (scheduler.py, detokenizer_manager.py, tokenizer_manager.py, entrypoints/engine.py)
         ("Scheduler hit an exception", "sglang_scheduler"),
@@ -349,6 +355,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("raph", _graphs),
     ("ngine", _engine_dead),
     ("died unexpectedly", _engine_dead),
+    ("actor is dead", _engine_dead),
     ("hit an exception", _engine_dead),
     ("output_handler failed", _engine_dead),
     ("fatal signal from worker", _engine_dead),

@@ -56,11 +56,23 @@ class Head:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# A log read back through a collector carries the collector's prefix first: the journal's
+# (`journalctl -u vllm`: "Mar 03 10:00:00 host vllm[123]: ", -o short-iso
+# "2025-03-03T10:00:00+0000 host vllm[123]: ") or docker's (`docker logs --timestamps`:
+# "2025-04-06T07:55:21.108632509Z "). The emitter's own record follows unchanged.
+_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+_COLLECTOR = (
+    rf"(?:(?:{_MONTHS}) [ \d]\d \d\d:\d\d:\d\d "
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? )"
+    r"(?:[\w.-]{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: )?"
+)
 # docker compose's "service-1  | " and a process tag: vLLM's "(EngineCore_DP0 pid=12) ",
 # V0 workers' "(VllmWorker rank=2 pid=225) ", Ray's "(RayWorkerWrapper pid=9, ip=10.0.0.1) "
 # and torchrun's "[rank3]: " in front of each line a rank prints (its --tee / log prefix)
 _OUTER = re.compile(
-    r"(?:[\w.-]{1,80} +\| )?(?:\[rank\d{1,6}\]: )?"
+    r"(?:[\w.-]{1,80} +\| )?"
+    rf"(?:{_COLLECTOR})?"
+    r"(?:\[rank\d{1,6}\]: )?"
     r"(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) )?"
 )
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
