@@ -38,6 +38,18 @@ JOURNAL_PREFIX = "Jan 28 10:40:07 localhost bash[367371]: "
 DOCKER = FIXTURES / "incidents/vllm-v0-startup-debug-waiting-docker-timestamps/serving/vllm/log.txt"
 # gpustack#2415 (turn 2): Ray's ActorDiedError text as vLLM's engine core logs it
 RAY = FIXTURES / "incidents/vllm-v1-ray-actor-died-engine-core-start/serving/vllm/log.txt"
+# vllm#6042 (opening post): a log viewer's bare "  | " column before V0's and PyTorch's records
+VIEWER = (
+    FIXTURES / "incidents/vllm-v0-tp-worker-died-allreduce-watchdog-log-viewer/serving/vllm/log.txt"
+)
+# TensorRT-LLM#5389: the PyTorch backend's "[TRT-LLM] [RANK 0] [E]" record
+TRTLLM_RANK = FIXTURES / (
+    "incidents/trtllm-pytorch-backend-executor-init-gemm-assertion/serving/trtllm/log.txt"
+)
+# TensorRT-LLM#7706: a traceback pasted from its middle (no "Traceback" line)
+HEADLESS = FIXTURES / (
+    "incidents/trtllm-serve-executor-worker-returned-error-headless-traceback/serving/trtllm/log.txt"
+)
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -86,6 +98,33 @@ def test_a_ray_worker_death_under_vllm_is_an_engine_death() -> None:
     rec = LogState().record(line)
     assert rec is not None
     assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "ray_actor_died")
+
+
+def test_a_log_viewers_bare_column_is_read_past() -> None:
+    lines = VIEWER.read_text().splitlines()
+    died = split_record(lines[0])
+    assert (died.emitter, died.level, died.logger) == ("vllm", "ERROR", "multiproc_worker_utils.py")
+    rec = parse_line(lines[0])
+    assert rec is not None
+    assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "worker_died")
+    watchdog = split_record(lines[2])
+    assert (watchdog.emitter, watchdog.level) == ("pytorch", "ERROR")
+
+
+def test_trtllm_rank_tagged_records_carry_their_level() -> None:
+    line = TRTLLM_RANK.read_text().splitlines()[1]
+    head = split_record(line)
+    assert (head.emitter, head.level) == ("trtllm", "ERROR")
+    assert head.message.startswith("Failed to initialize executor on rank 0: ")
+
+
+def test_a_traceback_pasted_from_its_middle_still_ends_in_an_error_record() -> None:
+    state = LogState()
+    messages = [
+        state.errors.error_message(split_record(ln)) for ln in HEADLESS.read_text().splitlines()
+    ]
+    assert [m for m in messages if m] == ["RuntimeError: Executor worker returned error"]
+    assert state.errors.frame_file == "proxy.py"
 
 
 def test_pytorch_lines_without_vllm_prefix_are_read() -> None:
