@@ -50,6 +50,10 @@ TRTLLM_RANK = FIXTURES / (
 HEADLESS = FIXTURES / (
     "incidents/trtllm-serve-executor-worker-returned-error-headless-traceback/serving/trtllm/log.txt"
 )
+# rhymes-ai/Aria#24: V0 repeats "ERROR" on the line that chains two exceptions
+CHAINED = (
+    FIXTURES / "incidents/vllm-v0-tp-worker-oom-nvml-zero-bytes-own-process/serving/vllm/log.txt"
+)
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -125,6 +129,12 @@ def test_a_traceback_pasted_from_its_middle_still_ends_in_an_error_record() -> N
     ]
     assert [m for m in messages if m] == ["RuntimeError: Executor worker returned error"]
     assert state.errors.frame_file == "proxy.py"
+
+
+def test_the_line_chaining_two_exceptions_is_no_error_record() -> None:
+    state = LogState()
+    records = [state.record(ln) for ln in CHAINED.read_text().splitlines()]
+    assert [r.stream for r in records if r is not None] == ["serving.cuda_oom"]
 
 
 def test_pytorch_lines_without_vllm_prefix_are_read() -> None:
