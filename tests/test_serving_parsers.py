@@ -350,6 +350,20 @@ def test_other_processes_are_counted_only_beside_pytorchs_own_line() -> None:
     assert own.holders == ""
 
 
+def test_onnxruntimes_arena_failure_is_an_oom_without_numbers() -> None:
+    # onnxruntime#9939 (8 GB buffer on a V100-16GB) and #20038 (Triton's ONNX Runtime
+    # backend on a T4 serving seven other models): the arena's text says no "out of memory"
+    for bundle, engine in (
+        ("onnxruntime-cuda-arena-8gib-buffer-v100-16gb", "onnxruntime"),
+        ("triton-onnxruntime-arena-oom-eighth-model-t4", "triton"),
+    ):
+        line = (FIXTURES / "incidents" / bundle / "serving" / engine / "log.txt").read_text()
+        rec = parse_line(line.splitlines()[0])
+        assert rec is not None, bundle
+        assert (rec.stream, rec.fields["form"]) == ("serving.cuda_oom", "onnxruntime_arena")
+        assert rec.fields["requested_bytes"] == -1.0
+
+
 def test_legacy_and_transitional_formats() -> None:
     legacy = (
         "RuntimeError: CUDA out of memory. Tried to allocate 74.00 MiB (GPU 0; 10.76 GiB "

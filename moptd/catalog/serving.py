@@ -419,7 +419,8 @@ SIGNALS += [
         "cuda_oom",
         "A CUDA out-of-memory message: form pytorch (the caching allocator's, its numbers in "
         "bytes; reserved_unallocated_share is reserved-but-unallocated over all PyTorch "
-        "reserved), cuda_runtime (CUDA error: out of memory), tensorrt_llm or tensorrt; the "
+        "reserved), cuda_runtime (CUDA error: out of memory), tensorrt_llm, tensorrt or "
+        "onnxruntime_arena (ONNX Runtime's arena could not grow); the "
         "numbers a form does not print read -1. other_process_bytes: what the other processes "
         "on the GPU hold, counted only where PyTorch also printed its own line (else -1: a "
         "'Process N' may be the failing process itself, seen from a container); holders: "

@@ -376,6 +376,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("NCCL", _hang),
     ("timed out", _hang),
     ("out of memory", _oom),
+    ("Failed to allocate memory for requested buffer", _oom),
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
     ("no kernel image", _cuda_error),

@@ -8,7 +8,8 @@ OOM) is the rule's call (rules/serving/serving.rules.yaml), from the numbers her
 Other layers print the CUDA runtime's cudaErrorMemoryAllocation without numbers: PyTorch's
 C10_CUDA_CHECK ("CUDA error: out of memory", as SGLang's and vLLM's tracebacks show it),
 TensorRT-LLM ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of
-memory") and TensorRT ("Cuda Error in allocate: 2 (out of memory)"). ``bare_oom`` names them.
+memory"), TensorRT ("Cuda Error in allocate: 2 (out of memory)") and ONNX Runtime's arena
+("Failed to allocate memory for requested buffer of size N"). ``bare_oom`` names them.
 """
 
 from __future__ import annotations
@@ -136,10 +137,15 @@ def parse_oom(text: str) -> CudaOom | None:
     return None
 
 
+_ARENA = "Failed to allocate memory for requested buffer of size"
 # (substring, form): the OOMs that print no numbers, most specific first. Each names the
 # CUDA allocation failing, so a line merely mentioning memory ("alloc_req_slots runs out of
 # memory", SGLang's request-slot pool) is none of them.
 _BARE = (
+    # ONNX Runtime's arena when its device allocator (cudaMalloc under the CUDA EP) returns
+    # nothing (onnxruntime/core/framework/bfc_arena.cc, Extend): the text says no "out of
+    # memory" (onnxruntime#9939, triton onnxruntime_backend users in onnxruntime#20038)
+    (_ARENA, "onnxruntime_arena"),
     ("[TensorRT-LLM][ERROR]", "tensorrt_llm"),
     ("Cuda Error in allocate: 2 (out of memory)", "tensorrt"),
     ("CUDA error: out of memory", "cuda_runtime"),
@@ -150,7 +156,7 @@ _BARE = (
 
 def bare_oom(text: str) -> str | None:
     """The form of a CUDA OOM line without PyTorch's numbers, or None."""
-    if "out of memory" not in text:
+    if "out of memory" not in text and _ARENA not in text:
         return None
     for needle, form in _BARE:
         if needle in text and (form != "tensorrt_llm" or ": out of memory" in text):
