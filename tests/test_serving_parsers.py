@@ -326,6 +326,44 @@ def test_private_pools_other_processes_and_allowed() -> None:
     assert oom.reserved_unallocated_share == pytest.approx(0.5 / 60.5)
 
 
+def test_other_processes_are_counted_only_beside_pytorchs_own_line() -> None:
+    incidents = FIXTURES / "incidents"
+    # terraform-vss: PyTorch printed its own line, so the three "Process N" are others
+    vss = parse_oom(
+        (
+            incidents
+            / "trtllm-executor-init-oom-three-other-processes-compose/serving/trtllm/log.txt"
+        ).read_text()
+    )
+    assert vss is not None
+    assert vss.this_process == pytest.approx(12.90 * GIB)
+    assert vss.other_processes == pytest.approx(1.08 * GIB + 468 * 2**20 + 26.06 * 2**20)
+    assert vss.holders == "pid 238746 1.08 GiB, pid 244515 468.00 MiB, pid 244271 26.06 MiB"
+    # vllm#2140: a lone "Process N" holding what PyTorch reserved is the process itself, seen
+    # from a container: who else holds memory is unknown
+    own = parse_oom(
+        (incidents / "vllm-v0-oom-pid-is-own-process-in-container/serving/vllm/log.txt").read_text()
+    )
+    assert own is not None
+    assert own.this_process is None
+    assert own.other_processes == -1.0
+    assert own.holders == ""
+
+
+def test_onnxruntimes_arena_failure_is_an_oom_without_numbers() -> None:
+    # onnxruntime#9939 (8 GB buffer on a V100-16GB) and #20038 (Triton's ONNX Runtime
+    # backend on a T4 serving seven other models): the arena's text says no "out of memory"
+    for bundle, engine in (
+        ("onnxruntime-cuda-arena-8gib-buffer-v100-16gb", "onnxruntime"),
+        ("triton-onnxruntime-arena-oom-eighth-model-t4", "triton"),
+    ):
+        line = (FIXTURES / "incidents" / bundle / "serving" / engine / "log.txt").read_text()
+        rec = parse_line(line.splitlines()[0])
+        assert rec is not None, bundle
+        assert (rec.stream, rec.fields["form"]) == ("serving.cuda_oom", "onnxruntime_arena")
+        assert rec.fields["requested_bytes"] == -1.0
+
+
 def test_legacy_and_transitional_formats() -> None:
     legacy = (
         "RuntimeError: CUDA out of memory. Tried to allocate 74.00 MiB (GPU 0; 10.76 GiB "

@@ -258,3 +258,27 @@ def test_stats_of_many_engines_stay_bounded(engines: list[int]) -> None:
         state.update(rec)
     assert len(state.stats_by_engine) <= 64
     assert state.preemptions_total == (0.0 if engines else None)
+
+
+@pytest.mark.parametrize(
+    ("bundle", "engine", "kind"),
+    [
+        # vllm#12474: the journal's "Jan 28 10:40:07 localhost bash[367371]: " prefix
+        ("vllm-v0-journald-engine-process-failed-to-start", "vllm", "python-log"),
+        # vllm#16107: docker logs --timestamps
+        ("vllm-v0-startup-debug-waiting-docker-timestamps", "vllm", "vllm-log"),
+        # vllm#6042: a log viewer's bare "  | " column
+        ("vllm-v0-tp-worker-died-allreduce-watchdog-log-viewer", "vllm", "vllm-log"),
+        # terraform-vss: docker compose's "via-server-1  | "
+        ("trtllm-executor-init-oom-three-other-processes-compose", "trtllm", "trtllm-log"),
+    ],
+)
+def test_a_serving_log_behind_a_collectors_prefix_is_pasted_as_one(
+    bundle: str, engine: str, kind: str
+) -> None:
+    from moptd.bundle.classify import split
+
+    text = (FIXTURES / "incidents" / bundle / "serving" / engine / "log.txt").read_text()
+    sections = split(text)
+    assert sections[0].kind == kind, [(s.kind, s.first, s.last) for s in sections]
+    assert "kernel-log" not in {s.kind for s in sections[:1]}

@@ -29,6 +29,31 @@ V0_FINAL = (
     "ERROR 04-15 00:31:11 worker_base.py:574] RuntimeError: Triton Error [CUDA]: "
     "an illegal memory access was encountered"
 )
+# vllm#12474 (turn 2): V0 run by systemd, read back with journalctl
+JOURNAL = (
+    FIXTURES / "incidents/vllm-v0-journald-engine-process-failed-to-start/serving/vllm/log.txt"
+)
+JOURNAL_PREFIX = "Jan 28 10:40:07 localhost bash[367371]: "
+# vllm#16107 (turn 5): `docker logs --timestamps` in front of V0's records
+DOCKER = FIXTURES / "incidents/vllm-v0-startup-debug-waiting-docker-timestamps/serving/vllm/log.txt"
+# gpustack#2415 (turn 2): Ray's ActorDiedError text as vLLM's engine core logs it
+RAY = FIXTURES / "incidents/vllm-v1-ray-actor-died-engine-core-start/serving/vllm/log.txt"
+# vllm#6042 (opening post): a log viewer's bare "  | " column before V0's and PyTorch's records
+VIEWER = (
+    FIXTURES / "incidents/vllm-v0-tp-worker-died-allreduce-watchdog-log-viewer/serving/vllm/log.txt"
+)
+# TensorRT-LLM#5389: the PyTorch backend's "[TRT-LLM] [RANK 0] [E]" record
+TRTLLM_RANK = FIXTURES / (
+    "incidents/trtllm-pytorch-backend-executor-init-gemm-assertion/serving/trtllm/log.txt"
+)
+# TensorRT-LLM#7706: a traceback pasted from its middle (no "Traceback" line)
+HEADLESS = FIXTURES / (
+    "incidents/trtllm-serve-executor-worker-returned-error-headless-traceback/serving/trtllm/log.txt"
+)
+# rhymes-ai/Aria#24: V0 repeats "ERROR" on the line that chains two exceptions
+CHAINED = (
+    FIXTURES / "incidents/vllm-v0-tp-worker-oom-nvml-zero-bytes-own-process/serving/vllm/log.txt"
+)
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -54,6 +79,64 @@ def test_vllm_prefixes_split_into_emitter_level_file_message() -> None:
     assert torch.message.startswith("[PG ID 2 PG GUID 3 Rank 2] Process group watchdog")
 
 
+def test_the_journal_and_docker_prefixes_are_read_past() -> None:
+    lines = JOURNAL.read_text().splitlines()
+    frame = split_record(lines[0])
+    assert frame.message.startswith('  File "/networkpath/'), frame
+    final = split_record(lines[2])
+    assert final.message.startswith("RuntimeError: Engine process failed to start"), final
+    rec = parse_line(lines[2])
+    assert rec is not None
+    assert rec.fields["kind"] == "engine_init_failed"
+    for line in DOCKER.read_text().splitlines():
+        head = split_record(line)
+        assert head.emitter == "vllm", line
+        assert head.level in ("DEBUG", "INFO", "WARNING"), line
+        assert head.stamp.startswith("04-06 00:55:"), line
+
+
+def test_a_ray_worker_death_under_vllm_is_an_engine_death() -> None:
+    line = RAY.read_text().splitlines()[0]
+    head = split_record(line)
+    assert (head.emitter, head.level, head.logger) == ("vllm", "ERROR", "core.py")
+    rec = LogState().record(line)
+    assert rec is not None
+    assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "ray_actor_died")
+
+
+def test_a_log_viewers_bare_column_is_read_past() -> None:
+    lines = VIEWER.read_text().splitlines()
+    died = split_record(lines[0])
+    assert (died.emitter, died.level, died.logger) == ("vllm", "ERROR", "multiproc_worker_utils.py")
+    rec = parse_line(lines[0])
+    assert rec is not None
+    assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "worker_died")
+    watchdog = split_record(lines[2])
+    assert (watchdog.emitter, watchdog.level) == ("pytorch", "ERROR")
+
+
+def test_trtllm_rank_tagged_records_carry_their_level() -> None:
+    line = TRTLLM_RANK.read_text().splitlines()[1]
+    head = split_record(line)
+    assert (head.emitter, head.level) == ("trtllm", "ERROR")
+    assert head.message.startswith("Failed to initialize executor on rank 0: ")
+
+
+def test_a_traceback_pasted_from_its_middle_still_ends_in_an_error_record() -> None:
+    state = LogState()
+    messages = [
+        state.errors.error_message(split_record(ln)) for ln in HEADLESS.read_text().splitlines()
+    ]
+    assert [m for m in messages if m] == ["RuntimeError: Executor worker returned error"]
+    assert state.errors.frame_file == "proxy.py"
+
+
+def test_the_line_chaining_two_exceptions_is_no_error_record() -> None:
+    state = LogState()
+    records = [state.record(ln) for ln in CHAINED.read_text().splitlines()]
+    assert [r.stream for r in records if r is not None] == ["serving.cuda_oom"]
+
+
 def test_pytorch_lines_without_vllm_prefix_are_read() -> None:
     head = split_record(OLD_C10)
     assert (head.emitter, head.level, head.logger) == ("pytorch", "ERROR", "ProcessGroupNCCL.cpp")
@@ -71,7 +154,7 @@ def test_access_log_paths_are_never_evidence() -> None:
         "/NCCL timed out",
         '/x" 200 EngineCore encountered a fatal error',
     ):
-        for prefix in ("INFO:     ", "(APIServer pid=8) INFO:     ", ""):
+        for prefix in ("INFO:     ", "(APIServer pid=8) INFO:     ", "", JOURNAL_PREFIX):
             line = prefix + ACCESS.format(method="GET", path=path, status=404)
             assert split_record(line).user_text, line
             assert parse_line(line) is None, line
@@ -178,6 +261,8 @@ def test_split_never_raises_and_keeps_the_message(prefix: str, text: str) -> Non
             "(APIServer pid=8) INFO:     ",
             "WARNING:  ",
             "[2025-09-03 18:33:31] INFO:     ",
+            JOURNAL_PREFIX + "INFO:     ",
+            "2025-04-06T07:55:55.958207240Z INFO:     ",
         ]
     ),
 )

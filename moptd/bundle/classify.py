@@ -105,6 +105,24 @@ _PYTHON = (
     r"(?:\(\w{1,100}\) )?NCCL (?:WARN|INFO|ABORT) "
     r"|terminate called after throwing an instance of "  # a C++ exception's end (c10::Error)
 )
+# A serving log read back through the journal (`journalctl -u vllm`: "Aug 19 18:34:30 host
+# vllm[8707]: ", -o short-iso) or `docker logs --timestamps` ("2025-04-06T07:55:21.1Z "): the
+# emitter's record follows the collector's prefix (vllm#12474, vllm#16107,
+# community-scripts/ProxmoxVED#2047). Such a journal line is no kernel line.
+# docker compose's "service-1  | " (or a log viewer's bare "  | ") may stand in front of either.
+_PROGRAM = r"(?!kernel:)[\w.@/-]{1,64}(?:\[\d+\])?: "
+_COLLECTOR = (
+    r"(?:[\w.-]{0,80} +\| )?"
+    rf"(?:{_MONTH} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?{_PROGRAM}"
+    rf"|{_ISO} (?:\S+ {_PROGRAM})?)?"
+)
+_SERVING_BODY = rf"(?:{_VLLM}|{_SGLANG}|{_TRTLLM}|{_PYTHON})"
+# not a kernel line: a serving record behind the journal's prefix, or the indented line of a
+# traceback under a program's prefix (kernel's own indented call traces keep "kernel:")
+_KERNEL = rf"(?!{_COLLECTOR}(?:{_SERVING_BODY}|[ \t]+\S)){_KERNEL}"
+_VLLM, _SGLANG, _TRTLLM, _PYTHON = (
+    rf"(?:{_COLLECTOR})?(?:{p})" for p in (_VLLM, _SGLANG, _TRTLLM, _PYTHON)
+)
 # kind -> the pattern of a line that starts it (tested at the start of the line)
 _STARTS: tuple[tuple[str, str], ...] = (
     # its header, or a line of its body: indented, the colon aligned far right (a paste of

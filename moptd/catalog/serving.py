@@ -419,8 +419,12 @@ SIGNALS += [
         "cuda_oom",
         "A CUDA out-of-memory message: form pytorch (the caching allocator's, its numbers in "
         "bytes; reserved_unallocated_share is reserved-but-unallocated over all PyTorch "
-        "reserved), cuda_runtime (CUDA error: out of memory), tensorrt_llm or tensorrt; the "
-        "numbers a form does not print read -1.",
+        "reserved), cuda_runtime (CUDA error: out of memory), tensorrt_llm, tensorrt or "
+        "onnxruntime_arena (ONNX Runtime's arena could not grow); the "
+        "numbers a form does not print read -1. other_process_bytes: what the other processes "
+        "on the GPU hold, counted only where PyTorch also printed its own line (else -1: a "
+        "'Process N' may be the failing process itself, seen from a container); holders: "
+        "those processes, largest first (pid and size as printed).",
         (
             "form",
             "gpu",
@@ -432,6 +436,7 @@ SIGNALS += [
             "private_pool_bytes",
             "process_bytes",
             "other_process_bytes",
+            "holders",
             "reserved_unallocated_share",
         ),
     ),

@@ -94,6 +94,18 @@ class ErrorTracker:
             if head.emitter and head.level not in ERROR_LEVELS:
                 return None  # another process's record between the frames
             self.in_traceback = False
+        headless = _FRAME.match(head.message) if not head.emitter else None
+        if headless is not None:
+            # a traceback's frame with no record prefix and no "Traceback" line above it
+            # (a paste cut inside the traceback, TensorRT-LLM#7706): its final line follows
+            self.in_traceback, self.traceback_emitter, self.tail = True, "", ()
+            self.frame_file = headless.group("file")
+            return None
+        if msg.startswith(_CHAIN):
+            # the line between two chained exceptions, under the prefix of the first one's
+            # final line (vLLM repeats ERROR on every line: rhymes-ai/Aria#24): no error itself
+            self.in_traceback, self.tail = False, ()
+            return None
         if head.level in ERROR_LEVELS and head.message[:1] in (" ", "\t"):
             # a frame or a source line of a traceback whose first line the log does not
             # hold (a paste that starts inside it): what follows may be its final line

@@ -47,8 +47,12 @@ _ACCESS = re.compile(r'\d+ - "(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) \S+ HTT
 _WATCHDOG = re.compile(r"\[Watchdog\]\s*Dumped stack to (?P<path>\S+) due to (?P<why>.*)")
 _SHM = re.compile(r"No available shared memory broadcast block found in (?P<secs>\d+) seconds?")
 # "(exit code: N)" since 0.10; earlier releases print none
+# V1's "Worker proc VllmWorker-1 died unexpectedly" (v1/executor/multiproc_executor.py) and
+# V0's watchdog "Worker VllmWorkerProcess pid 1159 died, exit code: -6"
+# (executor/multiproc_worker_utils.py, vllm#6042)
 _WORKER_DIED = re.compile(
     r"Worker proc (?P<name>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"
+    r"|Worker (?P<v0name>\S+) pid \d{1,10} died, exit code: (?P<v0code>-?\d+)"
 )
 
 
@@ -110,6 +114,17 @@ def _engine_dead(msg: str) -> LogRecord | None:
         ("AsyncLLM output_handler failed", "output_handler_failed"),
         ("Engine core initialization failed", "engine_init_failed"),
         ("EngineCore failed to start", "engine_init_failed"),
+        # V0's API server when its MQLLMEngine process never came up
+        # (vllm/entrypoints/openai/api_server.py, 0.6-0.10)
+        ("Engine process failed to start", "engine_init_failed"),
+        # TensorRT-LLM's executor worker (tensorrt_llm/executor/worker.py, logged) and its
+        # proxy (executor/proxy.py, raised): the LLM API / trtllm-serve never came up
+        ("Failed to initialize executor on rank", "engine_init_failed"),
+        ("Executor worker returned error", "engine_init_failed"),
+        ("Executor worker died during initialization", "engine_init_failed"),
+        # Ray's message for an actor whose worker process died (ray/exceptions.py
+        # ActorDiedError), as vLLM's Ray executor logs it for its RayWorkerWrapper actors
+        ("The actor is dead because its worker process has died", "ray_actor_died"),
         # SGLang's per-process fatal handlers and the SIGQUIT a dying child sends its parent
         # (scheduler.py, detokenizer_manager.py, tokenizer_manager.py, entrypoints/engine.py)
         ("Scheduler hit an exception", "sglang_scheduler"),
@@ -349,6 +364,8 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("raph", _graphs),
     ("ngine", _engine_dead),
     ("died unexpectedly", _engine_dead),
+    ("died, exit code", _engine_dead),
+    ("actor is dead", _engine_dead),
     ("hit an exception", _engine_dead),
     ("output_handler failed", _engine_dead),
     ("fatal signal from worker", _engine_dead),
@@ -359,6 +376,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("NCCL", _hang),
     ("timed out", _hang),
     ("out of memory", _oom),
+    ("Failed to allocate memory for requested buffer", _oom),
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
     ("no kernel image", _cuda_error),
@@ -372,6 +390,9 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("IPluginCreator", _cuda_error),
     ("agic", _cuda_error),
     ("eserializ", _cuda_error),
+    # after the OOM and CUDA errors: TensorRT-LLM's "Failed to initialize executor on rank 0:
+    # <cause>" names its cause in the same line, and a known cause is the finding
+    ("xecutor", _engine_dead),
     ("tokenizer", _startup_error),
     ("already in use", _startup_error),
     ("bind on address", _startup_error),

@@ -56,11 +56,24 @@ class Head:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# docker compose's "service-1  | " and a process tag: vLLM's "(EngineCore_DP0 pid=12) ",
+# A log read back through a collector carries the collector's prefix first: the journal's
+# (`journalctl -u vllm`: "Mar 03 10:00:00 host vllm[123]: ", -o short-iso
+# "2025-03-03T10:00:00+0000 host vllm[123]: ") or docker's (`docker logs --timestamps`:
+# "2025-04-06T07:55:21.108632509Z "). The emitter's own record follows unchanged.
+_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+_COLLECTOR = (
+    rf"(?:(?:{_MONTHS}) [ \d]\d \d\d:\d\d:\d\d "
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? )"
+    r"(?:[\w.-]{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: )?"
+)
+# docker compose's "service-1  | " (a log viewer's bare "  | " column too, vllm#6042) and
+# a process tag: vLLM's "(EngineCore_DP0 pid=12) ",
 # V0 workers' "(VllmWorker rank=2 pid=225) ", Ray's "(RayWorkerWrapper pid=9, ip=10.0.0.1) "
 # and torchrun's "[rank3]: " in front of each line a rank prints (its --tee / log prefix)
 _OUTER = re.compile(
-    r"(?:[\w.-]{1,80} +\| )?(?:\[rank\d{1,6}\]: )?"
+    r"(?:[\w.-]{0,80} +\| )?"
+    rf"(?:{_COLLECTOR})?"
+    r"(?:\[rank\d{1,6}\]: )?"
     r"(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) )?"
 )
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
@@ -112,13 +125,14 @@ _FORMATS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"(?:\[TRT\] \[(?P<letter>[EWIVF])\]|\[(?P<letter2>[EWIVF])\] \[TRT\]) ?(?P<msg>.*)"
         ),
     ),
-    # TensorRT-LLM: "[TensorRT-LLM][ERROR] msg", "<stamp> [TRT-LLM] [E] [rank] msg"
+    # TensorRT-LLM: "[TensorRT-LLM][ERROR] msg", "<stamp> [TRT-LLM] [E] [rank] msg", and the
+    # PyTorch backend's "<stamp> [TRT-LLM] [RANK 0] [E] msg" (TensorRT-LLM#5389)
     (
         "trtllm",
         re.compile(
             r"(?:\[?(?P<stamp>[\d/: .-]{8,40})\]? )?(?:\[TensorRT-LLM\](?:\[[^\]]{0,20}\])?"
             r"\[(?P<level>ERROR|WARNING|INFO|DEBUG|VERBOSE|TRACE)\]"
-            r"|\[TRT-LLM\] \[(?P<letter>[EWIVF])\]) ?(?P<msg>.*)"
+            r"|\[TRT-LLM\] (?:\[RANK \d{1,6}\] )?\[(?P<letter>[EWIVF])\]) ?(?P<msg>.*)"
         ),
     ),
     # ONNX Runtime: "2024-03-27 06:33:23.219728338 [E:onnxruntime:Default, file.cc:123 Func] msg"

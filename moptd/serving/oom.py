@@ -8,7 +8,8 @@ OOM) is the rule's call (rules/serving/serving.rules.yaml), from the numbers her
 Other layers print the CUDA runtime's cudaErrorMemoryAllocation without numbers: PyTorch's
 C10_CUDA_CHECK ("CUDA error: out of memory", as SGLang's and vLLM's tracebacks show it),
 TensorRT-LLM ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of
-memory") and TensorRT ("Cuda Error in allocate: 2 (out of memory)"). ``bare_oom`` names them.
+memory"), TensorRT ("Cuda Error in allocate: 2 (out of memory)") and ONNX Runtime's arena
+("Failed to allocate memory for requested buffer of size N"). ``bare_oom`` names them.
 """
 
 from __future__ import annotations
@@ -58,8 +59,13 @@ class CudaOom:
     reserved_unallocated: float
     private_pools: float = 0.0
     this_process: float | None = None  # NVML's view of the failing process, if printed
+    # What the "Process N has X memory in use" lines add up to, when PyTorch also printed its
+    # own line: only then are they other processes. Without it PyTorch did not find its own
+    # PID among NVML's (a container's PID namespace: vllm#2140, dots.ocr#196, where the one
+    # "Process N" is the failing process itself), so who holds what is unknown: -1.
     other_processes: float = 0.0
     allowed: float | None = None
+    holders: str = ""  # the other processes, largest first: "pid 238746 1.08 GiB, ..."
 
     @property
     def reserved_unallocated_share(self) -> float:
@@ -79,6 +85,7 @@ class CudaOom:
             "private_pool_bytes": self.private_pools,
             "process_bytes": self.this_process if self.this_process is not None else -1.0,
             "other_process_bytes": self.other_processes,
+            "holders": self.holders,
             "reserved_unallocated_share": self.reserved_unallocated_share,
         }
 
@@ -90,12 +97,18 @@ def parse_oom(text: str) -> CudaOom | None:
     m = _CURRENT.search(text)
     if m is not None:
         this: float | None = None
-        others = 0.0
+        named: list[tuple[float, str, str]] = []
         for pid, size in _PROC.findall(m.group("procs")):
             if pid:
-                others += parse_size(size)
+                named.append((parse_size(size), pid, size))
             else:
                 this = parse_size(size)
+        others = sum(n for n, _, _ in named) if this is not None else (-1.0 if named else 0.0)
+        holders = (
+            ", ".join(f"pid {pid} {size}" for _, pid, size in sorted(named, reverse=True)[:5])
+            if this is not None
+            else ""
+        )
         return CudaOom(
             gpu=int(m.group("gpu")),
             requested=parse_size(m.group("req")),
@@ -107,6 +120,7 @@ def parse_oom(text: str) -> CudaOom | None:
             this_process=this,
             other_processes=others,
             allowed=parse_size(m.group("allowed")) if m.group("allowed") else None,
+            holders=holders,
         )
     m = _LEGACY.search(text)
     if m is not None:
@@ -123,10 +137,15 @@ def parse_oom(text: str) -> CudaOom | None:
     return None
 
 
+_ARENA = "Failed to allocate memory for requested buffer of size"
 # (substring, form): the OOMs that print no numbers, most specific first. Each names the
 # CUDA allocation failing, so a line merely mentioning memory ("alloc_req_slots runs out of
 # memory", SGLang's request-slot pool) is none of them.
 _BARE = (
+    # ONNX Runtime's arena when its device allocator (cudaMalloc under the CUDA EP) returns
+    # nothing (onnxruntime/core/framework/bfc_arena.cc, Extend): the text says no "out of
+    # memory" (onnxruntime#9939, triton onnxruntime_backend users in onnxruntime#20038)
+    (_ARENA, "onnxruntime_arena"),
     ("[TensorRT-LLM][ERROR]", "tensorrt_llm"),
     ("Cuda Error in allocate: 2 (out of memory)", "tensorrt"),
     ("CUDA error: out of memory", "cuda_runtime"),
@@ -137,7 +156,7 @@ _BARE = (
 
 def bare_oom(text: str) -> str | None:
     """The form of a CUDA OOM line without PyTorch's numbers, or None."""
-    if "out of memory" not in text:
+    if "out of memory" not in text and _ARENA not in text:
         return None
     for needle, form in _BARE:
         if needle in text and (form != "tensorrt_llm" or ": out of memory" in text):
@@ -159,5 +178,6 @@ def bare_fields(form: str) -> dict[str, object]:
         "private_pool_bytes": -1.0,
         "process_bytes": -1.0,
         "other_process_bytes": -1.0,
+        "holders": "",
         "reserved_unallocated_share": -1.0,
     }
