@@ -394,8 +394,8 @@ SIGNALS = [
         "driver.fabricmanager_running",
         "gauge",
         "bool",
-        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist. "
-        "Evidence only: no rule reads it (docs/xid.md).",
+        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist "
+        "(rules/driver/fabric-manager.rules.yaml reads it).",
         "node",
         "moptd_driver_fabricmanager_running",
     ),
