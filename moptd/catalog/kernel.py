@@ -79,7 +79,8 @@ SIGNALS = [
         "node",
         "An NVSwitch SXid; fatal is None when the line gives no severity. Its follow-up "
         "lines are kernel.sxid_detail, unless no header was seen: then the follow-up stands "
-        "for the SXid.",
+        "for the SXid, headerless true (the SXid's own line, with its name and link, is not "
+        "in the log).",
         (
             "code",
             "pci_bus_id",
@@ -92,6 +93,7 @@ SIGNALS = [
             "engine_instance",
             "subengine_instance",
             "data",
+            "headerless",
         ),
     ),
     _ev(

@@ -371,7 +371,8 @@ class KernelMatcher:
                 fields.pop("link")
                 return [Match("kernel.sxid_detail", fields, line)]
             # the header was not seen (lost, or read from the middle of a report): the
-            # follow-up stands for the SXid, counted once
+            # follow-up stands for the SXid, counted once, and says so
+            fields["headerless"] = True
         self._sxid_open[key] = None
         self._sxid_open.move_to_end(key)
         while len(self._sxid_open) > MAX_SXID_OPEN:
