@@ -188,15 +188,24 @@ SIGNALS = [
     _ev(
         "kernel.nccl_segfault",
         "node",
-        "A process segfaulted inside libnccl. Evidence only: no rule reads it (docs/xid.md).",
+        "A process segfaulted inside an NVIDIA library (libnccl, libcuda, libnvidia-*, "
+        "libcudart, libcublas); rule kernel-host-fault quotes it (UNCLASSIFIED_ERROR).",
         ("pid", "process", "library", "container", "user", "cmdline"),
     ),
     _ev(
         "kernel.peermem_error",
         "node",
-        "An nvidia-peermem (GPUDirect RDMA) error line. Evidence only: no rule reads it "
-        "(docs/xid.md).",
+        "An nvidia-peermem (GPUDirect RDMA) error line; rule kernel-host-fault quotes it "
+        "(UNCLASSIFIED_ERROR).",
         ("message",),
+    ),
+    _ev(
+        "kernel.host_fault",
+        "node",
+        "A host-kernel failure: kind hung_task ('INFO: task X:pid blocked for more than N "
+        "seconds'), soft_lockup, hard_lockup or panic; line is the message, quoted by rule "
+        "kernel-host-fault (UNCLASSIFIED_ERROR).",
+        ("kind", "process", "pid", "line"),
     ),
     _ev(
         "kernel.log_gap",

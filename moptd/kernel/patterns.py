@@ -176,7 +176,30 @@ AER_RECOVERY = re.compile(
 )
 NCCL_SEGFAULT = re.compile(
     r"(?P<process>[^\s\[\]]{1,64})\[(?P<pid>\d+)\]: segfault at (?P<addr>[0-9a-fA-F]+)"
-    r".*? in (?P<lib>libnccl[^\s\[]*)"
+    r".*? in (?P<lib>(?:libnccl|libcuda|libnvidia-|libcudart|libcublas)[^\s\[]*)"
+)
+# Host-kernel failures that stall or stop a serving host (kernel/hung_task.c,
+# kernel/watchdog.c, kernel/panic.c): no NVIDIA code names them, and moptd does not guess
+# their cause, but they are never passed over (UNCLASSIFIED_ERROR quoting the line).
+# gpud#117: "INFO: task cache_mgr_event:620917 blocked for more than 120 seconds." after
+# an Xid 45 storm.
+HOST_FAULTS = (
+    (
+        "hung_task",
+        re.compile(
+            r"INFO: task (?P<process>.{1,64}?):(?P<pid>\d{1,10}) blocked for more than "
+            r"(?P<secs>\d{1,10}) seconds"
+        ),
+    ),
+    (
+        "soft_lockup",
+        re.compile(
+            r"BUG: soft lockup - CPU#(?P<cpu>\d{1,5}) stuck for (?P<secs>\d{1,10})s! "
+            r"\[(?P<process>.{1,64}?):(?P<pid>\d{1,10})\]"
+        ),
+    ),
+    ("hard_lockup", re.compile(r"Watchdog detected hard LOCKUP on cpu (?P<cpu>\d{1,5})")),
+    ("panic", re.compile(r"Kernel panic - not syncing: (?P<reason>.{0,200})")),
 )
 PEERMEM = re.compile(
     r"(?:(?:nvidia[-_]peermem|nv_peer_mem)\b[^\n]*?\bERROR\b\s*(?P<msg>.*)"
@@ -531,7 +554,7 @@ class KernelMatcher:
                     "outcome": "failed" if failed else "no_handler",
                 }
                 return [Match("kernel.pcie_recovery", fields, line)]
-        if "segfault at" in line and "libnccl" in line:
+        if "segfault at" in line and ("libnccl" in line or "libcu" in line or "libnvidia-" in line):
             m = NCCL_SEGFAULT.search(line)
             if m is not None:
                 fields = {
@@ -546,6 +569,18 @@ class KernelMatcher:
             if m is not None:
                 msg = m.group("msg") if m.group("msg") is not None else m.group("ctx")
                 return [Match("kernel.peermem_error", {"message": (msg or "").strip()}, line)]
+        if "blocked for more" in line or "LOCKUP" in line or "lockup" in line or "panic" in line:
+            for kind, rx in HOST_FAULTS:
+                m = rx.search(line)
+                if m is not None:
+                    groups = m.groupdict()
+                    fields = {
+                        "kind": kind,
+                        "process": (groups.get("process") or "").strip(),
+                        "pid": int(groups["pid"]) if groups.get("pid") else None,
+                        "line": line[m.start() :][:240],
+                    }
+                    return [Match("kernel.host_fault", fields, line)]
         for i, rx in enumerate(SECURE_BOOT):
             m = rx.search(line)
             if m is not None:
