@@ -117,7 +117,9 @@ _STARTS: tuple[tuple[str, str], ...] = (
     (
         "nvidia-smi-failure",
         r"NVIDIA-SMI has failed because|Failed to initialize NVML: |No devices were found\s*$"
-        r"|Unable to determine the device handle for (?:GPU|gpu)",
+        r"|Unable to determine the device handle for (?:GPU|gpu)"
+        # the container toolkit's hook, alone or inside docker's error
+        r"|.{0,400}?nvidia-container-cli: initiali[sz]ation error: nvml error: ",
     ),
     ("driver-version", r"NVRM version: "),
     (
