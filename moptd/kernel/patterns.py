@@ -206,6 +206,14 @@ PEERMEM = re.compile(
     r"|(?P<ctx>ERROR detected invalid context, skipping further processing))"
 )
 
+# nvidia.ko's module init registers the NVLink core first ("nvidia-nvlink: Nvlink Core is
+# being initialized, major device number 509") and, on a good load, then prints NVRM lines
+# ("NVRM: loading NVIDIA UNIX ..."). An init that fails before any NVRM text unregisters the
+# core at once ("nvidia-nvlink: Unregistered Nvlink Core, major device number 509"), and udev
+# retries: the pair repeats with no error text of the driver's (ollama/ollama#11932).
+NVLINK_CORE_INIT = "Nvlink Core is being initialized"
+NVLINK_CORE_GONE = re.compile(r"nvidia-nvlink: Unregistered (?:the )?Nvlink Core")
+
 MAX_UUIDS = 256
 MAX_OOM_MEMCG = 64
 MAX_SXID_OPEN = 64  # SXid headers whose follow-up lines may still come
@@ -337,6 +345,7 @@ class KernelMatcher:
         self._api_lines: list[str] = []  # an API mismatch message read so far
         self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self._open_unsupported = False  # the open module's notice, for the next RmInitAdapter
+        self._nvlink_core_bare = False  # the NVLink core registered, no NVRM line since
 
     def feed(self, text: str) -> list[Match]:
         """All matches of one record (which may hold several lines)."""
@@ -358,12 +367,29 @@ class KernelMatcher:
                 return self._api_mismatch(final=False)
             out.extend(self._api_mismatch(final=True))
         if "NVRM" in line:
+            self._nvlink_core_bare = False
             out.extend(self._nvrm(line))
+        elif "Nvlink Core" in line:
+            out.extend(self._nvlink_core(line))
         elif "SXid" in line:
             out.extend(self._sxid(line))
         else:
             out.extend(self._other(line))
         return out
+
+    def _nvlink_core(self, line: str) -> list[Match]:
+        if NVLINK_CORE_INIT in line:
+            self._nvlink_core_bare = True
+            return []
+        if NVLINK_CORE_GONE.search(line) is None or not self._nvlink_core_bare:
+            return []  # an unload after a good load (rmmod, shutdown) is no failure
+        self._nvlink_core_bare = False
+        fields = {
+            "module": "nvidia",
+            "reason": "initialised and unloaded at once with no NVRM error "
+            "(NVLink core registered, then unregistered)",
+        }
+        return [Match("kernel.module_load_failure", fields, line)]
 
     def _sxid(self, line: str) -> list[Match]:
         m = SXID.search(line)
