@@ -165,7 +165,10 @@ def parse_modprobe_output(text: str) -> list[ModprobeFailure]:
     """The modules modprobe, insmod or systemd-modules-load failed to insert, with why;
     lines of other kinds (verbose ``insmod /lib/...``, other programs) are skipped."""
     out: list[ModprobeFailure] = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # lines end at "\n" only: splitlines() also breaks at \x1c-\x1e and \x85, which a
+    # pasted text may hold inside a line (hypothesis found "...\x1e..." read as two lines)
+    for n, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
         if len(line) > 4096:
             line = line[:4096]
         m = _INSERT_FAILED.search(line) if "nsert" in line else None
