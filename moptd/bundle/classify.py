@@ -73,6 +73,8 @@ _KERNEL = (
     rf"|{_ISO} (?:\S+ )?[\w.@/-]{{1,64}}(?:\[\d+\])?: "  # --no-hostname: no host
     rf"|{_MONTH} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]{{1,64}}(?:\[\d+\])?: "  # syslog
     r'|\{.{0,400}"(?:MESSAGE|__CURSOR|_TRANSPORT)"\s*:'  # journalctl -o json
+    # talosctl dmesg: "192.168.11.119: kern: err: [2026-04-22T21:25:20.466440686Z]: "
+    rf"|[\w.:-]{{1,255}}: {_FACILITY}: *(?:{_LEVEL}|warning): \[{_ISO}\]: "
     # a kernel message without its stamp, as NVIDIA's documents and dmesg's continuation
     # lines print it, or as `journalctl -o cat`-like pastes keep it ("kernel: NVRM: ...")
     r"|(?:NVRM|nvidia-nvswitch\d*|nvidia-nvlink|nvidia-modeset|nvidia-uvm|nvidia_uvm): "
@@ -133,7 +135,9 @@ _STARTS: tuple[tuple[str, str], ...] = (
     (
         "nvidia-smi-failure",
         r"NVIDIA-SMI has failed because|Failed to initialize NVML: |No devices were found\s*$"
-        r"|Unable to determine the device handle for (?:GPU|gpu)",
+        r"|Unable to determine the device handle for (?:GPU|gpu)"
+        # the container toolkit's hook, alone or inside docker's error
+        r"|.{0,400}?nvidia-container-cli: initiali[sz]ation error: nvml error: ",
     ),
     ("driver-version", r"NVRM version: "),
     (

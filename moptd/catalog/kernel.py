@@ -79,7 +79,8 @@ SIGNALS = [
         "node",
         "An NVSwitch SXid; fatal is None when the line gives no severity. Its follow-up "
         "lines are kernel.sxid_detail, unless no header was seen: then the follow-up stands "
-        "for the SXid.",
+        "for the SXid, headerless true (the SXid's own line, with its name and link, is not "
+        "in the log).",
         (
             "code",
             "pci_bus_id",
@@ -92,6 +93,7 @@ SIGNALS = [
             "engine_instance",
             "subengine_instance",
             "data",
+            "headerless",
         ),
     ),
     _ev(
@@ -186,15 +188,24 @@ SIGNALS = [
     _ev(
         "kernel.nccl_segfault",
         "node",
-        "A process segfaulted inside libnccl. Evidence only: no rule reads it (docs/xid.md).",
+        "A process segfaulted inside an NVIDIA library (libnccl, libcuda, libnvidia-*, "
+        "libcudart, libcublas); rule kernel-host-fault quotes it (UNCLASSIFIED_ERROR).",
         ("pid", "process", "library", "container", "user", "cmdline"),
     ),
     _ev(
         "kernel.peermem_error",
         "node",
-        "An nvidia-peermem (GPUDirect RDMA) error line. Evidence only: no rule reads it "
-        "(docs/xid.md).",
+        "An nvidia-peermem (GPUDirect RDMA) error line; rule kernel-host-fault quotes it "
+        "(UNCLASSIFIED_ERROR).",
         ("message",),
+    ),
+    _ev(
+        "kernel.host_fault",
+        "node",
+        "A host-kernel failure: kind hung_task ('INFO: task X:pid blocked for more than N "
+        "seconds'), soft_lockup, hard_lockup or panic; line is the message, quoted by rule "
+        "kernel-host-fault (UNCLASSIFIED_ERROR).",
+        ("kind", "process", "pid", "line"),
     ),
     _ev(
         "kernel.log_gap",
@@ -394,8 +405,8 @@ SIGNALS = [
         "driver.fabricmanager_running",
         "gauge",
         "bool",
-        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist. "
-        "Evidence only: no rule reads it (docs/xid.md).",
+        "1 when nvidia-fabricmanager is running; reported only where NVSwitches exist "
+        "(rules/driver/fabric-manager.rules.yaml reads it).",
         "node",
         "moptd_driver_fabricmanager_running",
     ),

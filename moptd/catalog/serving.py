@@ -445,6 +445,7 @@ SIGNALS += [
         "A CUDA error in the serving log that is no OOM: illegal_address (an illegal memory "
         "access), no_kernel_image / arch_not_in_build (the build lacks this GPU's "
         "architecture), driver_too_old (driver older than the CUDA runtime), "
+        "system_not_ready (CUDA error 802: the NVLink fabric is not initialised), "
         "trt_engine_version / trt_engine_device / trt_plugin_missing (a TensorRT engine built "
         "for another TensorRT, GPU or plugin set), trt_deserialize_failed (the plan was "
         "refused, reason elsewhere), trt_not_a_plan (the file is no plan); built and runtime: "

@@ -65,7 +65,12 @@ _NOT_FOUND = re.compile(
 # Documentation/admin-guide/module-signing.rst); ENODEV when the module's probe found no
 # device it drives; ENOENT ("Unknown symbol in module") and ENOEXEC ("Exec format error",
 # insmod's "Invalid module format") for a module built against another kernel or driver.
+# EPERM ("Operation not permitted") from a root modprobe is the lockdown LSM refusing an
+# unsigned module (module_sig_check: security_locked_down(LOCKDOWN_MODULE_SIGNATURE), with
+# "Lockdown: modprobe: unsigned module loading is restricted" in the kernel log), else
+# kernel.modules_disabled=1 or a container without CAP_SYS_MODULE: the rule decides.
 MODPROBE_ERRORS = (
+    ("Operation not permitted", "not_permitted"),
     ("Key was rejected by service", "key_rejected"),
     ("Required key not available", "key_unavailable"),
     ("No such device", "no_such_device"),
@@ -160,7 +165,10 @@ def parse_modprobe_output(text: str) -> list[ModprobeFailure]:
     """The modules modprobe, insmod or systemd-modules-load failed to insert, with why;
     lines of other kinds (verbose ``insmod /lib/...``, other programs) are skipped."""
     out: list[ModprobeFailure] = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # lines end at "\n" only: splitlines() also breaks at \x1c-\x1e and \x85, which a
+    # pasted text may hold inside a line (hypothesis found "...\x1e..." read as two lines)
+    for n, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
         if len(line) > 4096:
             line = line[:4096]
         m = _INSERT_FAILED.search(line) if "nsert" in line else None

@@ -191,6 +191,16 @@ CODES: dict[str, Code] = {
             "evidence does"
         ),
     ),
+    "FABRIC_MANAGER_NOT_READY": Code(
+        "driver",
+        "critical",
+        (
+            "on an NVSwitch / multi-node NVLink system the NVLink fabric is not initialised "
+            '(fabric manager not running or failed, persistenced "NVLink fabric is not ready", '
+            'CUDA "system not yet initialized"): CUDA cannot start on any GPU; never raised '
+            "where the topology has no fabric"
+        ),
+    ),
     "WSL_GUEST_DRIVER_INSTALLED": Code(
         "driver",
         "critical",

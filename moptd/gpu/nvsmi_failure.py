@@ -63,6 +63,13 @@ _COULD_NOT_COMMUNICATE = re.compile(
     r"NVIDIA-SMI has failed because it couldn.?t communicate with the NVIDIA driver", re.I
 )
 _INIT_FAILED = re.compile(r"Failed to initiali[sz]e NVML:\s*(?P<error>.+?)\s*$", re.I)
+# libnvidia-container (the container toolkit's hook) fails the same nvmlInit before a
+# container starts: "nvidia-container-cli: initialization error: nvml error: driver not
+# loaded", docker appending ": unknown." (NVIDIA/nvidia-container-toolkit#1269,
+# cedricxie/apollo_perception_ros#20); the NVML error string is nvmlErrorString's
+_CONTAINER_CLI = re.compile(
+    r"nvidia-container-cli: initiali[sz]ation error: nvml error:\s*(?P<error>.+?)\s*$", re.I
+)
 _LIBRARY = re.compile(r"NVML library version:\s*(?P<version>\d+(?:\.\d+)*)", re.I)
 _NO_DEVICES = re.compile(r"^\s*No devices were found\s*$", re.I)
 _HANDLE = re.compile(
@@ -116,7 +123,7 @@ def parse_failures(text: str) -> list[NvsmiFailure]:
             out.append(
                 NvsmiFailure("driver_not_loaded", lineno, line, NVML_ERROR_DRIVER_NOT_LOADED)
             )
-        elif (init := _INIT_FAILED.search(line)) is not None:
+        elif (init := _INIT_FAILED.search(line) or _CONTAINER_CLI.search(line)) is not None:
             out.append(NvsmiFailure("init_failed", lineno, line, _code(init.group("error"))))
         elif _NO_DEVICES.match(line):
             out.append(NvsmiFailure("no_devices", lineno, line, NVML_SUCCESS))

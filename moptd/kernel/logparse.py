@@ -85,6 +85,15 @@ _DMESG_DELTA = re.compile(r"\[\s*\+(?P<delta>\d{1,12}\.\d{1,9})\] ?(?P<msg>.*)")
 _DMESG_HUMAN_START = re.compile(r"\[(?:[^\W\d_]|\s*\+)")
 # dmesg --decode (-x): "kern  :warn  : " before whatever time format was asked for
 _DECODE = re.compile(r"(?P<fac>[a-z][a-z0-9]{1,7}) *:(?P<lvl>[a-z]{3,6}) *: ?(?P<rest>.*)")
+# talosctl dmesg (Talos Linux, which has no dmesg or journalctl on the node): "NODE:
+# FACILITY: LEVEL: [RFC3339 time]: msg", the level padded and spelled "warning"
+# (vllm-project/vllm#40652, open-gpu-kernel-modules#1118: "192.168.11.119: kern: err:
+# [2026-04-22T21:25:20.466440686Z]: nvidia-nvswitch1: SXid ...")
+_TALOS = re.compile(
+    r"(?P<node>[\w.:-]{1,255}): (?P<fac>[a-z][a-z0-9]{1,7}): *(?P<lvl>[a-z]{3,7}): "
+    r"\[(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:?\d{2}))\]: ?"
+    r"(?P<msg>.*)"
+)
 _FACILITIES = (
     "kern user mail daemon auth syslog lpr news uucp cron authpriv ftp res0 res1 res2 res3 "
     "local0 local1 local2 local3 local4 local5 local6 local7"
@@ -318,6 +327,10 @@ def parse_line(
         line = line[: MAX_TEXT * 2]
     if not line.strip() or line.startswith("-- ") or line == "--":
         return None  # a journal banner, grep's separator of context groups
+    if "]: " in line[:320]:
+        rec = _talos(line, line_no)
+        if rec is not None:
+            return rec
     if line[0].isdigit():
         m = _RAW.fullmatch(line)
         if m is not None:
@@ -358,6 +371,24 @@ def parse_line(
         if rec is not None or other:
             return rec
     return KernelRecord(_cap(line), fmt="plain", line=line_no)
+
+
+def _talos(line: str, line_no: int) -> KernelRecord | None:
+    m = _TALOS.fullmatch(line)
+    if m is None or m.group("fac") not in _FACILITIES:
+        return None
+    level = m.group("lvl")
+    level = "warn" if level == "warning" else level
+    if level not in _LEVELS:
+        return None
+    return KernelRecord(
+        _cap(m.group("msg")),
+        _iso_time(m.group("ts")),
+        level=_LEVELS.index(level),
+        facility=_FACILITIES.index(m.group("fac")),
+        fmt="talos",
+        line=line_no,
+    )
 
 
 def _decoded(line: str, boot_time: float | None, line_no: int) -> KernelRecord | None:

@@ -176,12 +176,43 @@ AER_RECOVERY = re.compile(
 )
 NCCL_SEGFAULT = re.compile(
     r"(?P<process>[^\s\[\]]{1,64})\[(?P<pid>\d+)\]: segfault at (?P<addr>[0-9a-fA-F]+)"
-    r".*? in (?P<lib>libnccl[^\s\[]*)"
+    r".*? in (?P<lib>(?:libnccl|libcuda|libnvidia-|libcudart|libcublas)[^\s\[]*)"
+)
+# Host-kernel failures that stall or stop a serving host (kernel/hung_task.c,
+# kernel/watchdog.c, kernel/panic.c): no NVIDIA code names them, and moptd does not guess
+# their cause, but they are never passed over (UNCLASSIFIED_ERROR quoting the line).
+# gpud#117: "INFO: task cache_mgr_event:620917 blocked for more than 120 seconds." after
+# an Xid 45 storm.
+HOST_FAULTS = (
+    (
+        "hung_task",
+        re.compile(
+            r"INFO: task (?P<process>.{1,64}?):(?P<pid>\d{1,10}) blocked for more than "
+            r"(?P<secs>\d{1,10}) seconds"
+        ),
+    ),
+    (
+        "soft_lockup",
+        re.compile(
+            r"BUG: soft lockup - CPU#(?P<cpu>\d{1,5}) stuck for (?P<secs>\d{1,10})s! "
+            r"\[(?P<process>.{1,64}?):(?P<pid>\d{1,10})\]"
+        ),
+    ),
+    ("hard_lockup", re.compile(r"Watchdog detected hard LOCKUP on cpu (?P<cpu>\d{1,5})")),
+    ("panic", re.compile(r"Kernel panic - not syncing: (?P<reason>.{0,200})")),
 )
 PEERMEM = re.compile(
     r"(?:(?:nvidia[-_]peermem|nv_peer_mem)\b[^\n]*?\bERROR\b\s*(?P<msg>.*)"
     r"|(?P<ctx>ERROR detected invalid context, skipping further processing))"
 )
+
+# nvidia.ko's module init registers the NVLink core first ("nvidia-nvlink: Nvlink Core is
+# being initialized, major device number 509") and, on a good load, then prints NVRM lines
+# ("NVRM: loading NVIDIA UNIX ..."). An init that fails before any NVRM text unregisters the
+# core at once ("nvidia-nvlink: Unregistered Nvlink Core, major device number 509"), and udev
+# retries: the pair repeats with no error text of the driver's (ollama/ollama#11932).
+NVLINK_CORE_INIT = "Nvlink Core is being initialized"
+NVLINK_CORE_GONE = re.compile(r"nvidia-nvlink: Unregistered (?:the )?Nvlink Core")
 
 MAX_UUIDS = 256
 MAX_OOM_MEMCG = 64
@@ -314,6 +345,7 @@ class KernelMatcher:
         self._api_lines: list[str] = []  # an API mismatch message read so far
         self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self._open_unsupported = False  # the open module's notice, for the next RmInitAdapter
+        self._nvlink_core_bare = False  # the NVLink core registered, no NVRM line since
 
     def feed(self, text: str) -> list[Match]:
         """All matches of one record (which may hold several lines)."""
@@ -335,12 +367,29 @@ class KernelMatcher:
                 return self._api_mismatch(final=False)
             out.extend(self._api_mismatch(final=True))
         if "NVRM" in line:
+            self._nvlink_core_bare = False
             out.extend(self._nvrm(line))
+        elif "Nvlink Core" in line:
+            out.extend(self._nvlink_core(line))
         elif "SXid" in line:
             out.extend(self._sxid(line))
         else:
             out.extend(self._other(line))
         return out
+
+    def _nvlink_core(self, line: str) -> list[Match]:
+        if NVLINK_CORE_INIT in line:
+            self._nvlink_core_bare = True
+            return []
+        if NVLINK_CORE_GONE.search(line) is None or not self._nvlink_core_bare:
+            return []  # an unload after a good load (rmmod, shutdown) is no failure
+        self._nvlink_core_bare = False
+        fields = {
+            "module": "nvidia",
+            "reason": "initialised and unloaded at once with no NVRM error "
+            "(NVLink core registered, then unregistered)",
+        }
+        return [Match("kernel.module_load_failure", fields, line)]
 
     def _sxid(self, line: str) -> list[Match]:
         m = SXID.search(line)
@@ -371,7 +420,8 @@ class KernelMatcher:
                 fields.pop("link")
                 return [Match("kernel.sxid_detail", fields, line)]
             # the header was not seen (lost, or read from the middle of a report): the
-            # follow-up stands for the SXid, counted once
+            # follow-up stands for the SXid, counted once, and says so
+            fields["headerless"] = True
         self._sxid_open[key] = None
         self._sxid_open.move_to_end(key)
         while len(self._sxid_open) > MAX_SXID_OPEN:
@@ -530,7 +580,7 @@ class KernelMatcher:
                     "outcome": "failed" if failed else "no_handler",
                 }
                 return [Match("kernel.pcie_recovery", fields, line)]
-        if "segfault at" in line and "libnccl" in line:
+        if "segfault at" in line and ("libnccl" in line or "libcu" in line or "libnvidia-" in line):
             m = NCCL_SEGFAULT.search(line)
             if m is not None:
                 fields = {
@@ -545,6 +595,18 @@ class KernelMatcher:
             if m is not None:
                 msg = m.group("msg") if m.group("msg") is not None else m.group("ctx")
                 return [Match("kernel.peermem_error", {"message": (msg or "").strip()}, line)]
+        if "blocked for more" in line or "LOCKUP" in line or "lockup" in line or "panic" in line:
+            for kind, rx in HOST_FAULTS:
+                m = rx.search(line)
+                if m is not None:
+                    groups = m.groupdict()
+                    fields = {
+                        "kind": kind,
+                        "process": (groups.get("process") or "").strip(),
+                        "pid": int(groups["pid"]) if groups.get("pid") else None,
+                        "line": line[m.start() :][:240],
+                    }
+                    return [Match("kernel.host_fault", fields, line)]
         for i, rx in enumerate(SECURE_BOOT):
             m = rx.search(line)
             if m is not None:

@@ -248,6 +248,9 @@ _CUDA_ERRORS = (
     ("is not defined for option 'gpu-name'", "ptxas_arch_unknown"),
     ("CUDA driver version is insufficient for CUDA runtime version", "driver_too_old"),
     ("The NVIDIA driver on your system is too old", "driver_too_old"),
+    # cudaErrorSystemNotReady (802) / CUDA_ERROR_SYSTEM_NOT_READY: on an NVSwitch system the
+    # NVLink fabric is not initialised (fabric manager down); rules/driver/fabric-manager
+    ("system not yet initialized", "system_not_ready"),
     ("engine plan file is not compatible with this version of TensorRT", "trt_engine_version"),
     ("engine plan file is generated on an incompatible device", "trt_engine_device"),
     # TensorRT's serialisation check, 7 to 10 ("coreReadArchive.cpp (38) - Serialization Error
@@ -384,6 +387,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("current PyTorch installation", _cuda_error),
     ("driver version is insufficient", _cuda_error),
     ("driver on your system is too old", _cuda_error),
+    ("system not yet initialized", _cuda_error),
     ("engine plan file", _cuda_error),
     ("Version tag does not match", _cuda_error),
     ("find plugin", _cuda_error),
