@@ -64,7 +64,8 @@ def test_other_xids_carry_no_location() -> None:
         "ACCESS_TYPE_VIRT_READ"
     )
     fields = parse_xid(line)
-    assert fields is not None and "location" not in fields
+    assert fields is not None
+    assert "location" not in fields
 
 
 _NUM = st.integers(min_value=0, max_value=9999)
@@ -84,7 +85,8 @@ def test_any_sm_location(gpc: int, tpc: int | None, sm: int | None, kind: str, t
     line = f"NVRM: Xid (PCI:0000:01:00): 13, Graphics SM {kind} Exception on ({where}): {tail}"
     fields = parse_xid(line)
     assert fields is not None
-    assert fields["gpc"] == gpc and fields["location"] == where
+    assert fields["gpc"] == gpc
+    assert fields["location"] == where
     assert fields.get("tpc") == tpc
     assert fields.get("sm") == (sm if tpc is not None else None)
 
@@ -109,7 +111,8 @@ def test_any_mmu_fault(
     fields = parse_xid(line)
     assert fields is not None
     assert fields["location"] == at
-    assert fields["mmu_engine"] == engine and fields["mmu_client"] == client
+    assert fields["mmu_engine"] == engine
+    assert fields["mmu_client"] == client
     assert fields.get("gpc") == gpc
     assert fields["mmu_fault_type"] == ftype
     assert fields.get("mmu_access_type") == (f"ACCESS_TYPE_{access}" if access else None)
@@ -121,4 +124,5 @@ def test_any_text_never_raises(text: str) -> None:
         fields = parse_xid(f"NVRM: Xid (PCI:0000:01:00): {code}, {text}")
         assert fields is not None
         if "location" in fields:
-            assert isinstance(fields["location"], str) and fields["location"]
+            assert isinstance(fields["location"], str)
+            assert fields["location"]

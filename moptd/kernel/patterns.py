@@ -51,7 +51,8 @@ _SM_LOCATION = re.compile(
 _MMU_FAULT = re.compile(
     r"MMU Fault: ENGINE (?P<engine>[A-Z][A-Z0-9_]{0,31})(?: (?P<gpc>GPC\d{1,4}))?"
     r" (?P<client>[A-Z][A-Z0-9_]{0,63}) faulted @ 0x[0-9a-fA-F_]{1,24}"
-    r"(?:\.? ?Fault is of type (?P<type>[A-Z][A-Z0-9_]{0,63})(?: (?P<access>ACCESS_TYPE_[A-Z0-9_]{1,32}))?)?"
+    r"(?:\.? ?Fault is of type (?P<type>[A-Z][A-Z0-9_]{0,63})"
+    r"(?: (?P<access>ACCESS_TYPE_[A-Z0-9_]{1,32}))?)?"
 )
 # Xid 154: "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
 _RECOVERY = re.compile(
