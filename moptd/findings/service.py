@@ -310,7 +310,8 @@ class Diagnosis:
 
     def _publish_boards(self, facts: dict[str, boards.Facts], t: float) -> None:
         if facts:
-            self.store.ingest("findings", boards.facts_batch(facts), t)
+            # a source of its own: "findings" (the store's health) is replaced every tick
+            self.store.ingest("boards", boards.facts_batch(facts), t)
 
     def board_history(self, subject: str | None = None) -> list[dict[str, Any]]:
         """The fault history of the board behind a GPU subject (every board's without one);
