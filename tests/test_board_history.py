@@ -38,13 +38,32 @@ def board(pci: str = "0000:3b:00.0") -> boards.Board:
     return boards.Board(f"serial:{SERIAL}", SERIAL, UUID, pci)
 
 
-def fired(db: FindingsDB, t: float, code: str, subject: str, b: boards.Board | None,
-          severity: str = "critical", rule: str = "gpu-lost") -> None:
+def fired(
+    db: FindingsDB,
+    t: float,
+    code: str,
+    subject: str,
+    b: boards.Board | None,
+    severity: str = "critical",
+    rule: str = "gpu-lost",
+) -> None:
     """One finding that fires and resolves, as the diagnosis loop records it."""
-    for old, new, at in (("inactive", "pending", t), ("pending", "firing", t + 1),
-                         ("firing", "resolved", t + 600)):
-        rec = transition_record(at, rule, subject, code, severity, old, new, f"{code} on {subject}",
-                                {"actions": [{"kind": "reset_gpu"}]})
+    for old, new, at in (
+        ("inactive", "pending", t),
+        ("pending", "firing", t + 1),
+        ("firing", "resolved", t + 600),
+    ):
+        rec = transition_record(
+            at,
+            rule,
+            subject,
+            code,
+            severity,
+            old,
+            new,
+            f"{code} on {subject}",
+            {"actions": [{"kind": "reset_gpu"}]},
+        )
         if b is not None and new == "firing":
             rec["board"] = boards.board_row(b, rec["finding"])
         db.record_transition(rec)
@@ -104,8 +123,15 @@ def test_faults_outside_the_window_or_not_hardware_do_not_count(tmp_path: Path) 
         fired(db, NOW - 40 * DAY, "GPU_LOST", "gpu:0", board())
         fired(db, NOW - DAY, "GPU_LOST", "gpu:0", board())
         # a warning NVLINK_ERROR is a counter rising, not a fatal link: it does not count
-        fired(db, NOW - DAY, "NVLINK_ERROR", "gpu:0", board(), severity="warning",
-              rule="gpu-nvlink-errors")
+        fired(
+            db,
+            NOW - DAY,
+            "NVLINK_ERROR",
+            "gpu:0",
+            board(),
+            severity="warning",
+            rule="gpu-nvlink-errors",
+        )
         facts = db.board_facts(NOW, policy(), {"gpu:0": board()})["gpu:0"]
         assert (facts.incidents, facts.recurring) == (1, "")
 
@@ -120,8 +146,13 @@ def test_three_of_any_mix_is_a_repeat(tmp_path: Path) -> None:
 
 def test_a_row_written_under_the_uuid_joins_the_board_once_the_serial_is_known(tmp_path):
     with FindingsDB(tmp_path / FILE_NAME) as db:
-        fired(db, NOW - 3 * DAY, "ECC_UNCORRECTABLE", "gpu:0",
-              boards.Board(f"uuid:{UUID}", "", UUID, "0000:3b:00.0"))
+        fired(
+            db,
+            NOW - 3 * DAY,
+            "ECC_UNCORRECTABLE",
+            "gpu:0",
+            boards.Board(f"uuid:{UUID}", "", UUID, "0000:3b:00.0"),
+        )
         fired(db, NOW - DAY, "ECC_UNCORRECTABLE", "gpu:0", board())
         facts = db.board_facts(NOW, policy(), {"gpu:0": board()})["gpu:0"]
         assert (facts.incidents, facts.recurring) == (2, "memory")
@@ -158,11 +189,13 @@ def test_one_program_at_one_place_is_the_application(tmp_path: Path) -> None:
     """gpud's public Xid 31 (pt_main_thread, GRAPHICS GPCCLIENT_T1_14), twice: one program
     repeating; the Xid 13 burst names no process at all."""
     with FindingsDB(tmp_path / FILE_NAME) as db:
-        db.record_events([
-            xid_event(XID31, NOW - 2 * DAY, "gpu:0000:3b:00.0"),
-            xid_event(XID31, NOW - DAY, "gpu:0000:3b:00.0"),
-            *(xid_event(line, NOW - 3600, "gpu:0000:3b:00.0") for line in XID13),
-        ])
+        db.record_events(
+            [
+                xid_event(XID31, NOW - 2 * DAY, "gpu:0000:3b:00.0"),
+                xid_event(XID31, NOW - DAY, "gpu:0000:3b:00.0"),
+                *(xid_event(line, NOW - 3600, "gpu:0000:3b:00.0") for line in XID13),
+            ]
+        )
         facts = db.board_facts(NOW, policy(), {"gpu:0": board()})["gpu:0"]
     assert facts.location_processes == ["pt_main_thread"]
     assert facts.location == "GRAPHICS GPCCLIENT_T1_14"
@@ -173,10 +206,12 @@ def test_two_programs_at_one_place_within_the_window(tmp_path: Path) -> None:
     event's process field set here: structured data as the kernel collector stores it,
     not a log line)."""
     with FindingsDB(tmp_path / FILE_NAME) as db:
-        db.record_events([
-            xid_event(XID31, NOW - 3 * DAY, "gpu:0"),
-            xid_event(XID31, NOW - 8 * DAY, "gpu:0", process="vllm"),  # outside 7 days
-        ])
+        db.record_events(
+            [
+                xid_event(XID31, NOW - 3 * DAY, "gpu:0"),
+                xid_event(XID31, NOW - 8 * DAY, "gpu:0", process="vllm"),  # outside 7 days
+            ]
+        )
         assert db.board_facts(NOW, policy(), {"gpu:0": board()})["gpu:0"].location_processes == [
             "pt_main_thread"
         ]
@@ -218,10 +253,12 @@ def test_the_diagnosis_loop_raises_both_codes_from_the_history(tmp_path: Path) -
     try:
         fired(d.db, NOW - 10 * DAY, "GPU_LOST", "gpu:3", board("0000:3b:00.0"))
         fired(d.db, NOW - DAY, "GPU_LOST", "gpu:0", board("0000:86:00.0"))
-        d.db.record_events([
-            xid_event(XID31, NOW - 3 * DAY, "gpu:0"),
-            xid_event(XID31, NOW - DAY, "gpu:0", process="vllm"),
-        ])
+        d.db.record_events(
+            [
+                xid_event(XID31, NOW - 3 * DAY, "gpu:0"),
+                xid_event(XID31, NOW - DAY, "gpu:0", process="vllm"),
+            ]
+        )
         b = Batch()
         b.describe("gpu:0", serial=SERIAL, uuid=UUID, pci_bus_id="0000:86:00.0", index="0")
         b.add("gpu.info", "gpu:0", 1.0)
@@ -241,8 +278,14 @@ def test_history_command_lists_a_board_by_serial_and_subject_and_writes_nothing(
     state.mkdir()
     with FindingsDB(state / FILE_NAME) as db:
         fired(db, NOW - 10 * DAY, "GPU_LOST", "gpu:3", board("0000:3b:00.0"))
-        fired(db, NOW - DAY, "ECC_UNCORRECTABLE", "gpu:0", board("0000:86:00.0"),
-              rule="gpu-ecc-uncorrectable")
+        fired(
+            db,
+            NOW - DAY,
+            "ECC_UNCORRECTABLE",
+            "gpu:0",
+            board("0000:86:00.0"),
+            rule="gpu-ecc-uncorrectable",
+        )
     config = tmp_path / "moptd.yaml"
     config.write_text(f"state_dir: {state}\n")
     before = (state / FILE_NAME).read_bytes()
@@ -250,7 +293,10 @@ def test_history_command_lists_a_board_by_serial_and_subject_and_writes_nothing(
     def history(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "moptd", "history", "--config", str(config), *args],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     out = history("gpu:0", "--json")
@@ -274,7 +320,10 @@ def test_history_command_lists_a_board_by_serial_and_subject_and_writes_nothing(
     missing.write_text(f"state_dir: {tmp_path / 'nowhere'}\n")
     gone = subprocess.run(
         [sys.executable, "-m", "moptd", "history", "--config", str(missing)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert gone.returncode == 1
     assert "no readable findings database" in gone.stderr

@@ -37,10 +37,9 @@ from tests.daemon_proc import DaemonProcess, seed_kernel_position
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDING = FIXTURES / "h200" / "nvml_recording_h200.jsonl"
 XID79 = (FIXTURES / "kmsg-restart" / "xid79.txt").read_text().strip()
-XID31 = json.loads((FIXTURES / "xid-location" / "cases.jsonl").read_text().splitlines()[3])[
-    "line"
-]
-SERIAL = "1654024077485"
+XID31 = json.loads((FIXTURES / "xid-location" / "cases.jsonl").read_text().splitlines()[3])["line"]
+SERIAL = "1654024077485"  # the recording's
+UUID = "GPU-c8045656-c1db-d6d0-8d7b-a4b8a670341e"
 KMSG = Path("/dev/kmsg")
 
 
@@ -64,30 +63,54 @@ def seed(state: Path, old_bus: str, new_bus: str) -> None:
     now = time.time()
     earlier = boards.Board(f"serial:{SERIAL}", SERIAL, "", old_bus)
     with FindingsDB(state / FILE_NAME) as db:
-        for old, new, t in (("inactive", "pending", -10 * 86400.0),
-                            ("pending", "firing", -10 * 86400.0 + 1),
-                            ("firing", "resolved", -10 * 86400.0 + 3600)):
-            rec = transition_record(now + t, "gpu-lost", "gpu:3", "GPU_LOST", "critical", old,
-                                    new, f"gpu:3 ({old_bus}) is lost: drain and reboot the node",
-                                    {"actions": [{"kind": "reboot_node"}]})
+        for old, new, t in (
+            ("inactive", "pending", -10 * 86400.0),
+            ("pending", "firing", -10 * 86400.0 + 1),
+            ("firing", "resolved", -10 * 86400.0 + 3600),
+        ):
+            rec = transition_record(
+                now + t,
+                "gpu-lost",
+                "gpu:3",
+                "GPU_LOST",
+                "critical",
+                old,
+                new,
+                f"gpu:3 ({old_bus}) is lost: drain and reboot the node",
+                {"actions": [{"kind": "reboot_node"}]},
+            )
             if new == "firing":
                 rec["board"] = boards.board_row(earlier, rec["finding"])
             db.record_transition(rec)
-        db.record_events([Event(
-            "kernel.xid", f"gpu:{new_bus}", now - 86400.0,
-            {"code": 31, "pci_bus_id": new_bus, "pid": 5403, "process": "python3",
-             "location": "GRAPHICS GPCCLIENT_T1_14", "mmu_engine": "GRAPHICS",
-             "mmu_client": "GPCCLIENT_T1_14"},
-            "",
-        )])
+        db.record_events(
+            [
+                Event(
+                    "kernel.xid",
+                    f"gpu:{new_bus}",
+                    now - 86400.0,
+                    {
+                        "code": 31,
+                        "pci_bus_id": new_bus,
+                        "pid": 5403,
+                        "process": "python3",
+                        "location": "GRAPHICS GPCCLIENT_T1_14",
+                        "mmu_engine": "GRAPHICS",
+                        "mmu_client": "GPCCLIENT_T1_14",
+                    },
+                    "",
+                )
+            ]
+        )
         db.flush()
     seed_kernel_position(state)
 
 
 def active(text: str, code: str) -> list[str]:
     return [
-        line for line in text.splitlines()
-        if line.startswith("moptd_finding_active{") and f'code="{code}"' in line
+        line
+        for line in text.splitlines()
+        if line.startswith("moptd_finding_active{")
+        and f'code="{code}"' in line
         and line.endswith(" 1.0")
     ]
 
@@ -102,20 +125,24 @@ def wait_active(d: DaemonProcess, code: str, within: float = 20.0) -> list[str]:
     raise AssertionError(f"no {code} within {within}s:\n{d.scrape()[-3000:]}\n{d.log()[-3000:]}")
 
 
-def wait_metric(d: DaemonProcess, prefix: str, within: float = 20.0) -> str:
+def wait_metric(d: DaemonProcess, prefix: str, value: str, within: float = 20.0) -> None:
     deadline = time.monotonic() + within
+    seen: list[str] = []
     while time.monotonic() < deadline:
-        for line in d.scrape().splitlines():
-            if line.startswith(prefix):
-                return line
+        seen = [line for line in d.scrape().splitlines() if line.startswith(prefix)]
+        if any(line.endswith(f" {value}") for line in seen):
+            return
         time.sleep(0.2)
-    raise AssertionError(f"no {prefix} within {within}s:\n{d.scrape()[-3000:]}")
+    raise AssertionError(f"no {prefix}... {value} within {within}s: {seen}")
 
 
 def history(config: Path, *args: str) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "moptd", "history", "--config", str(config), "--json", *args],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return json.loads(out.stdout)
 
@@ -152,7 +179,7 @@ def test_a_repeat_offender_across_re_enumeration_restart_and_salvage(tmp_path: P
         d.wait_metrics()
         wait_active(d, "GPU_FAULT_RECURRING")
         wait_active(d, "GPU_FAULT_SAME_LOCATION")
-        assert wait_metric(d, "moptd_gpu_board_fault_recurring{").endswith(" 1.0")
+        wait_metric(d, 'moptd_gpu_board_fault_recurring{gpu="0"', "1.0")
 
     # a damaged file: moved aside, what reads is carried over, the board's history with it
     db = tmp_path / "state" / FILE_NAME
@@ -169,7 +196,20 @@ def test_a_repeat_offender_across_re_enumeration_restart_and_salvage(tmp_path: P
     with d:
         d.wait_metrics()
         recurring = wait_active(d, "GPU_FAULT_RECURRING")
-        metric = wait_metric(d, "moptd_gpu_board_fault_incidents{")
+        wait_metric(d, 'moptd_gpu_board_fault_incidents{gpu="0"', "2.0")
     assert "salvaged" in d.log(), d.log()[-2000:]
-    assert metric.endswith(" 2.0"), metric
     assert len(history(d.config_path, "gpu:0")["faults"]) == 2
+
+    # explain shows the GPU's history (here with the daemon stopped: from its database)
+    out = subprocess.run(
+        [sys.executable, "-m", "moptd", "explain", "--config", str(d.config_path), "gpu:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Hardware history (moptd history)" in out.stdout, out.stdout + out.stderr
+    assert f"Board serial:{SERIAL} ({SERIAL}, {UUID}): 2 hardware faults" in out.stdout
+    assert f"GPU_LOST (critical) on gpu:3 ({old_bus})" in out.stdout
+    assert f"GPU_LOST (critical) on gpu:0 ({bus})" in out.stdout
+    assert "advised: drain_node, reboot_node, replace_hardware" in out.stdout

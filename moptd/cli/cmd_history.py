@@ -64,8 +64,8 @@ def history_lines(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"  {when(f['t'])}  {f['code']} ({f['severity']}) on {where}; {state}")
             if f.get("summary"):
                 out.append(f"      {f['summary']}")
-            advised = [
-                str(a.get("kind", a)) if isinstance(a, dict) else str(a)
+            advised = [  # the kinds: the commands are in the finding (explain)
+                str(a.get("kind", "")) if isinstance(a, dict) else str(a).split(":", 1)[0]
                 for a in f.get("actions") or []
             ]
             if advised:

@@ -267,6 +267,10 @@ def _matches(board: Board) -> tuple[str, list[object]]:
     if board.uuid:
         parts.append("uuid = ?")
         args.append(board.uuid)
+    if not board.serial and not board.uuid and board.pci_bus_id:
+        # known by its address alone (NVML down, a kernel line): the faults at that address
+        parts.append("lower(pci_bus_id) = lower(?)")
+        args.append(board.pci_bus_id)
     return "(" + " OR ".join(parts) + ")", args
 
 
