@@ -327,3 +327,14 @@ def test_history_command_lists_a_board_by_serial_and_subject_and_writes_nothing(
     )
     assert gone.returncode == 1
     assert "no readable findings database" in gone.stderr
+
+
+def test_a_board_known_only_by_its_address_finds_the_faults_recorded_there(tmp_path):
+    """NVML down, no UUID line: the address is all there is (the query joins findings,
+    which has a pci_bus_id of its own)."""
+    at = boards.Board("pci:0000:3b:00.0", "", "", "0000:3b:00.0")
+    with FindingsDB(tmp_path / FILE_NAME) as db:
+        fired(db, NOW - 3 * DAY, "GPU_LOST", "gpu:0000:3b:00.0", at)
+        fired(db, NOW - DAY, "GPU_LOST", "gpu:0", board("0000:3b:00.0"))
+        facts = db.board_facts(NOW, policy(), {"gpu:0000:3b:00.0": at})["gpu:0000:3b:00.0"]
+    assert (facts.incidents, facts.recurring) == (2, "bus")

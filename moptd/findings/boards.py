@@ -259,17 +259,17 @@ def insert_fault(c: sqlite3.Connection, tr: Mapping[str, Any], finding_id: int) 
 def _matches(board: Board) -> tuple[str, list[object]]:
     """A board's rows: its key, or any row with its serial or UUID (a row written while only
     the UUID or the address was known is the same board once the serial is)."""
-    parts: list[str] = ["board = ?"]
+    parts: list[str] = ["b.board = ?"]
     args: list[object] = [board.key]
     if board.serial:
-        parts.append("serial = ?")
+        parts.append("b.serial = ?")
         args.append(board.serial)
     if board.uuid:
-        parts.append("uuid = ?")
+        parts.append("b.uuid = ?")
         args.append(board.uuid)
     if not board.serial and not board.uuid and board.pci_bus_id:
         # known by its address alone (NVML down, a kernel line): the faults at that address
-        parts.append("lower(pci_bus_id) = lower(?)")
+        parts.append("lower(b.pci_bus_id) = lower(?)")
         args.append(board.pci_bus_id)
     return "(" + " OR ".join(parts) + ")", args
 
