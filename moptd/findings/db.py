@@ -756,11 +756,6 @@ class FindingsDB:
     ) -> list[dict[str, Any]]:
         return self.call(lambda c: query_events(c, since, stream, subject, limit))
 
-    def board_history(
-        self, board: boards.Board | None = None, since: float | None = None, limit: int = 500
-    ) -> list[dict[str, Any]]:
-        return self.call(lambda c: boards.history(c, board, since, limit))
-
     def board_facts(
         self, now: float, policy: boards.BoardPolicy, by_subject: Mapping[str, boards.Board]
     ) -> dict[str, boards.Facts]:

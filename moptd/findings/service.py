@@ -313,16 +313,6 @@ class Diagnosis:
             # a source of its own: "findings" (the store's health) is replaced every tick
             self.store.ingest("boards", boards.facts_batch(facts), t)
 
-    def board_history(self, subject: str | None = None) -> list[dict[str, Any]]:
-        """The fault history of the board behind a GPU subject (every board's without one);
-        blocking (the database's thread)."""
-        if subject is None:
-            return self.db.board_history()
-        board = self._boards().get(subject)
-        if board is None:
-            board = boards.board_of(subject, {subject: self.store.attrs(subject)})
-        return [] if board is None else self.db.board_history(board)
-
     def _after(
         self, transitions: list[Transition]
     ) -> tuple[list[Transition], list[dict[str, Any]]]:
