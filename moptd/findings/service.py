@@ -54,6 +54,10 @@ AHEAD_TRIES = 5  # then the grid: a clock that does not move must not spin the l
 # The boards' history (moptd.findings.boards) is read again when a kernel.xid event or a
 # hardware finding came, and at least this often (the window slides, GPUs appear).
 BOARDS_EVERY = 60.0
+# ... but after a kernel.xid event not sooner than this after the last read: a flood of Xid
+# lines (hundreds of thousands of Xid 95 are seen on one bad node) must not make the
+# grouped read of a week of events run at every evaluation.
+BOARDS_GAP = 5.0
 
 
 def steps_of(result: Result | None) -> list[dict[str, Any]]:
@@ -129,6 +133,7 @@ class Diagnosis:
             log.error("board history off: %s", exc)
         self._boards_due = -math.inf  # rule-clock time of the next board refresh
         self._boards_seen: dict[str, boards.Board] = {}
+        self._boards_read = -math.inf  # rule-clock time of the last board refresh
         self._ahead: float | None = None  # the latest event time still ahead of the clock
 
     # --- lifecycle ---
@@ -176,7 +181,7 @@ class Diagnosis:
     def _on_events(self, events: list[Event]) -> None:
         self.db.record_events(events)
         if any(ev.stream == "kernel.xid" for ev in events):
-            self._boards_due = -math.inf
+            self._boards_due = min(self._boards_due, self._boards_read + BOARDS_GAP)
         latest = max(ev.t for ev in events)
         if latest > self.rules.clock.now():
             self._ahead = latest if self._ahead is None else max(self._ahead, latest)
@@ -297,6 +302,7 @@ class Diagnosis:
         if t < self._boards_due and now_boards == self._boards_seen:
             return None
         self._boards_due = t + BOARDS_EVERY
+        self._boards_read = t
         self._boards_seen = now_boards
         return now_boards
 
