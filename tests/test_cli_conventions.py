@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moptd.cli import cmd_doctor, cmd_explain, cmd_replay
+from moptd.cli import cmd_doctor, cmd_explain, cmd_history, cmd_replay
 from moptd.cli.exit_status import EXIT_STATUS
 
 REPO = Path(__file__).parent.parent
@@ -24,6 +24,7 @@ def test_the_table_holds_the_commands_own_constants() -> None:
     assert codes("doctor") == set(cmd_doctor.EXIT.values())
     assert cmd_explain.EXIT_BAD_INPUT in codes("explain")
     assert cmd_explain.EXIT_BUNDLE in codes("explain")
+    assert cmd_history.EXIT_NO_DATABASE in codes("history")
 
 
 def test_every_command_of_the_parser_is_in_the_table() -> None:

@@ -7,13 +7,14 @@
 
 _shtab_moptd_rules_subparsers=(check test)
 _shtab_moptd_serving_subparsers=(status restart drain logs)
-_shtab_moptd_subparsers=(run status config doctor explain install-service record reload replay rules serving)
+_shtab_moptd_subparsers=(run status config doctor explain history install-service record reload replay rules serving)
 
 _shtab_moptd_run_option_strings=(-h --help --config --log-level --collector --no-collector)
 _shtab_moptd_status_option_strings=(-h --help --config --json --offline)
 _shtab_moptd_config_option_strings=(-h --help --config --json --schema)
 _shtab_moptd_doctor_option_strings=(-h --help --config --json)
 _shtab_moptd_explain_option_strings=(-h --help --code --since -v --verbose --runbook --json --offline --bundle --config)
+_shtab_moptd_history_option_strings=(-h --help --config --json)
 _shtab_moptd_install_service_option_strings=(-h --help --prefix --dry-run --moptd)
 _shtab_moptd_record_option_strings=(-h --help --duration --interval --out --note --config --no-redact --mask-hosts --quiet)
 _shtab_moptd_reload_option_strings=(-h --help --pid)
@@ -33,7 +34,7 @@ _shtab_moptd_option_strings=(-h --help --version)
 _shtab_moptd_run___log_level_choices=(debug info warning error)
 _shtab_moptd_rules_pos_0_choices=(check test)
 _shtab_moptd_serving_pos_0_choices=(status restart drain logs)
-_shtab_moptd_pos_0_choices=(run status config doctor explain install-service record reload replay rules serving)
+_shtab_moptd_pos_0_choices=(run status config doctor explain history install-service record reload replay rules serving)
 
 _shtab_moptd_run__h_nargs=0
 _shtab_moptd_run___help_nargs=0
@@ -55,6 +56,9 @@ _shtab_moptd_explain___verbose_nargs=0
 _shtab_moptd_explain___runbook_nargs=0
 _shtab_moptd_explain___json_nargs=0
 _shtab_moptd_explain___offline_nargs=0
+_shtab_moptd_history__h_nargs=0
+_shtab_moptd_history___help_nargs=0
+_shtab_moptd_history___json_nargs=0
 _shtab_moptd_install_service__h_nargs=0
 _shtab_moptd_install_service___help_nargs=0
 _shtab_moptd_install_service___dry_run_nargs=0

@@ -55,6 +55,34 @@ SIGNALS = [
         "moptd_findings_store_ok",
     ),
     SignalSpec(
+        "findings.board_fault_incidents",
+        "gauge",
+        "count",
+        "Hardware-class findings (rules/hardware/board-history.yaml) this GPU's board had in "
+        "the history window, by serial across resets, reboots and a new PCI address; "
+        "from the findings database (moptd history).",
+        "gpu",
+        "moptd_gpu_board_fault_incidents",
+    ),
+    SignalSpec(
+        "findings.board_fault_recurring",
+        "gauge",
+        "bool",
+        "1 while the board's history meets a repeat threshold of "
+        "rules/hardware/board-history.yaml (GPU_FAULT_RECURRING).",
+        "gpu",
+        "moptd_gpu_board_fault_recurring",
+    ),
+    SignalSpec(
+        "findings.fault_location_processes",
+        "gauge",
+        "count",
+        "The most different programs whose Xid 13/31 named one same place of this GPU "
+        "(GPC/TPC/SM, MMU engine and client) in the window (GPU_FAULT_SAME_LOCATION).",
+        "gpu",
+        "moptd_gpu_fault_location_processes",
+    ),
+    SignalSpec(
         "finding.active",
         "gauge",
         "bool",

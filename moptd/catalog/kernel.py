@@ -29,6 +29,15 @@ _XID_FIELDS = (
     "previous_recovery_action_code",
     "nvlink_unit",
     "nvlink_xc",
+    # where an Xid 13 / 31 hit (moptd/kernel/patterns.py _set_location)
+    "location",
+    "gpc",
+    "tpc",
+    "sm",
+    "mmu_engine",
+    "mmu_client",
+    "mmu_fault_type",
+    "mmu_access_type",
     "link",
     "link_scope",
     "intrinfo",
@@ -56,7 +65,9 @@ SIGNALS = [
         "else gpu:<pci bus id>. severity comes from an NVLink5 tail (fatal, nonfatal); "
         "link_scope is one_link, or no_particular_link (the line says Link -1, link is "
         "None); recovery_action_code (Xid 154) is NVML's 0 none .. 4 drain and reset; "
-        "plan is the Xid catalog's plan for the line (moptd/kernel/xid_catalog.yaml).",
+        "plan is the Xid catalog's plan for the line (moptd/kernel/xid_catalog.yaml); "
+        "location is where an Xid 13 or 31 hit (GPC 7, TPC 7, SM 0; GRAPHICS GPC2 "
+        "GPCCLIENT_T1_7), with gpc, tpc, sm and the MMU fault's engine, client and types.",
         _XID_FIELDS,
     ),
     _ev(

@@ -88,6 +88,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     if args.runbook:
         return print_runbook(args.code)
+    state_dir: Path | None = None  # the daemon's database: the boards' history
     if args.bundle:
         from moptd.diagnose.loader import default_rules_dir
 
@@ -115,6 +116,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             view["notes"] = notes + view["notes"]
         rule_paths = list(config.rule_paths)
         drain_host = this_host(config)
+        state_dir = config.state_dir
     from moptd.cli.explain_facts import load_ruleset
 
     ruleset = load_ruleset(rule_paths)
@@ -132,6 +134,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if missing:
         print(f"moptd explain: {missing}", file=sys.stderr)
         return EXIT_USAGE
+    if state_dir is not None:
+        history = board_history(state_dir, args.subject, view["findings"])
+        if history:  # the key is there when a board has faults on record
+            view["history"] = history
     if args.json:
         shown = {k: v for k, v in view.items() if k not in ("gpus", "unusable")}
         json.dump(shown, sys.stdout, indent=2, default=str)
@@ -145,6 +151,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from moptd.cli.explain_remedies import print_remedies  # "What moptd did"
 
         print_remedies(view)
+        if view.get("history"):
+            from moptd.cli.cmd_history import history_lines
+
+            print()
+            print("Hardware history (moptd history)")
+            for line in history_lines(view["history"]):
+                print(f"  {line}")
     return EXIT_BAD_INPUT if view.get("unusable") else EXIT_BLIND if view.get("blind") else 0
 
 
@@ -166,6 +179,31 @@ def this_host(config: Any) -> Host:
     managed = (serving.options.get("managed") or {}) if serving is not None else {}
     name = managed.get("name", "") if isinstance(managed, dict) else ""
     return live_host(Path(config.host_root), str(name or ""))
+
+
+def board_history(
+    state_dir: Path, subject: str | None, findings: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The hardware history of the GPU asked about, or of the GPUs a board-history finding
+    is shown for, from the daemon's database read-only; [] when there is none."""
+    from moptd.findings.queries import read_board_history
+
+    wanted = (
+        [subject]
+        if subject
+        else sorted(
+            {
+                str(f["subject"])
+                for f in findings
+                if f.get("code") in ("GPU_FAULT_RECURRING", "GPU_FAULT_SAME_LOCATION")
+            }
+        )
+    )
+    rows: dict[int, dict[str, Any]] = {}
+    for s in wanted:
+        for r in read_board_history(state_dir, s)[0]:
+            rows[int(r["id"])] = r
+    return sorted(rows.values(), key=lambda r: -float(r["t"]))
 
 
 def print_runbook(code: str | None) -> int:

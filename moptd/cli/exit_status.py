@@ -77,4 +77,8 @@ EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
         (2, "no pid: neither --pid nor $MAINPID"),
     ),
     "config": ((0, "the configuration is valid and printed (or the schema, with --schema)"),),
+    "history": (
+        (0, "printed (also when no fault is recorded)"),
+        (1, "no readable findings database in the state directory"),
+    ),
 }

@@ -119,6 +119,25 @@ CODES: dict[str, Code] = {
             "through it stalls; drain, then reset GPUs and switches"
         ),
     ),
+    "GPU_FAULT_RECURRING": Code(
+        "hardware",
+        "critical",
+        (
+            "the same board (by serial, across resets, reboots and re-enumeration) has had "
+            "hardware-class faults again and again (uncorrectable ECC, row-remap failure, fallen "
+            "off the bus, GSP, fatal NVLink or PCIe): another reset will not fix it; RMA "
+            "candidate, with its history"
+        ),
+    ),
+    "GPU_FAULT_SAME_LOCATION": Code(
+        "hardware",
+        "warning",
+        (
+            "Xid 13/31-class faults from different processes at the same GPC/TPC/SM: the "
+            "pattern NVIDIA's Xid 13 workflow reads as a suspect GPU rather than an application "
+            "bug; run the field diagnostic"
+        ),
+    ),
     "DRIVER_NOT_LOADED": Code(
         "driver",
         "critical",

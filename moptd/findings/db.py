@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from moptd import safefs
+from moptd.findings import boards
 from moptd.findings.salvage import salvage
 from moptd.kernel.kmsg import POSITION_FIELD
 from moptd.observations import Event
@@ -134,6 +135,10 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # Each board's hardware faults, by serial (moptd.findings.boards): written with the
+    # transition that fired the finding; finding_id is no foreign key, the history outlives
+    # findings pruned by age.
+    boards.SCHEMA,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 TABLES = (  # parents first
@@ -143,6 +148,7 @@ TABLES = (  # parents first
     "positions",
     "remediations",
     "remediation_state",
+    "board_faults",
 )
 
 
@@ -784,6 +790,11 @@ class FindingsDB:
     ) -> list[dict[str, Any]]:
         return self.call(lambda c: query_events(c, since, stream, subject, limit))
 
+    def board_facts(
+        self, now: float, policy: boards.BoardPolicy, by_subject: Mapping[str, boards.Board]
+    ) -> dict[str, boards.Facts]:
+        return self.call(lambda c: boards.board_facts(c, now, policy, by_subject))
+
     def size(self) -> int:
         return self.call(_size)
 
@@ -936,6 +947,8 @@ def _insert_transition(c: sqlite3.Connection, tr: Mapping[str, Any]) -> None:
         "INSERT INTO transitions (finding_id, t, old, new, summary) VALUES (?, ?, ?, ?, ?)",
         (fid, t, tr["old"], state, tr.get("summary", "")),
     )
+    if tr.get("board") and state == "firing" and tr["old"] != "firing":
+        boards.insert_fault(c, tr, fid)
 
 
 def _insert_events(c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
@@ -1029,8 +1042,18 @@ def get_finding(c: sqlite3.Connection, finding_id: int) -> dict[str, Any] | None
 
 
 REMEDIATION_FIELDS = (
-    "key", "t", "finished_at", "finding_id", "rule", "subject", "code", "remedy", "entry",
-    "actor", "outcome", "reason",
+    "key",
+    "t",
+    "finished_at",
+    "finding_id",
+    "rule",
+    "subject",
+    "code",
+    "remedy",
+    "entry",
+    "actor",
+    "outcome",
+    "reason",
 )
 
 

@@ -6,10 +6,13 @@ loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+from moptd.findings import boards
 from moptd.findings import db as fdb
 from moptd.findings.matching import chosen
 from moptd.findings.service import Diagnosis
@@ -227,3 +230,20 @@ def recorded_for_explain(c: sqlite3.Connection, since: float | None) -> list[dic
         f["source"] = "database"
         out.append(f)
     return out
+
+
+def read_board_history(
+    state_dir: Path, subject: str | None = None
+) -> tuple[list[dict[str, Any]], str]:
+    """Each board's fault history (`moptd history`, `moptd explain`) from the daemon's
+    database opened read-only: nothing is written, the daemon may be running. (rows, "") or
+    ([], why there is none)."""
+    path = Path(state_dir) / fdb.FILE_NAME
+    conn = fdb.open_read_only(path)
+    if conn is None:
+        return [], f"no readable findings database at {path}"
+    with contextlib.closing(conn):
+        try:
+            return boards.history_for(conn, subject), ""
+        except sqlite3.Error as exc:
+            return [], f"{path}: {exc}"

@@ -25,8 +25,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # parents first; positions: see above. The remediation audit and the guards' state (the
-# open circuit breaker) are kept too: without them a salvage would close the breaker.
-TABLES = ("findings", "transitions", "events", "remediations", "remediation_state")
+# open circuit breaker) are kept too: without them a salvage would close the breaker. So is
+# each board's fault history: without it a salvage would forget a repeat offender.
+TABLES = (
+    "findings",
+    "transitions",
+    "events",
+    "remediations",
+    "remediation_state",
+    "board_faults",
+)
 MAX_PROBES = 4096  # per table: failed reads before what is left of it is given up
 _FIRST_ID = -(1 << 63)
 
@@ -116,6 +124,9 @@ def salvage(old_path: Path, new: sqlite3.Connection) -> Salvage:
                 have = set(_columns(old, table))
             except sqlite3.Error:
                 have = set()
+            else:
+                if not have:
+                    continue  # a table newer than the old file's schema: nothing to carry
             cols = [c for c in _columns(new, table) if c in have]
             if "id" not in cols:
                 out.skipped[table] = out.skipped.get(table, 0) + 1

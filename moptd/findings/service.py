@@ -32,7 +32,9 @@ from moptd.diagnose.engine import Result, fmt
 from moptd.diagnose.loader import default_rules_dir, load_rules
 from moptd.diagnose.model import Finding, Transition
 from moptd.diagnose.service import RuleService
+from moptd.findings import boards
 from moptd.findings.db import FILE_NAME, FindingsDB, Retention, transition_record
+from moptd.located import LocatedError
 from moptd.observations import NODE, Batch, Event
 from moptd.store import SignalStore
 
@@ -49,6 +51,13 @@ EVENT_GAP = 0.05
 # rules only from that time on: the evaluation it asks for waits until then, and this long.
 AHEAD_MARGIN = 0.001
 AHEAD_TRIES = 5  # then the grid: a clock that does not move must not spin the loop
+# The boards' history (moptd.findings.boards) is read again when a kernel.xid event or a
+# hardware finding came, and at least this often (the window slides, GPUs appear).
+BOARDS_EVERY = 60.0
+# ... but after a kernel.xid event not sooner than this after the last read: a flood of Xid
+# lines (hundreds of thousands of Xid 95 are seen on one bad node) must not make the
+# grouped read of a week of events run at every evaluation.
+BOARDS_GAP = 5.0
 
 
 def steps_of(result: Result | None) -> list[dict[str, Any]]:
@@ -116,6 +125,15 @@ class Diagnosis:
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.ticks = 0
         self.event_ticks = 0  # evaluations that events (or a reload) asked for, in `ticks`
+        self.board_policy: boards.BoardPolicy | None = None
+        try:
+            self.board_policy = boards.load_policy()
+        except (OSError, LocatedError) as exc:
+            # the shipped file is checked by the tests; a broken copy costs this one feature
+            log.error("board history off: %s", exc)
+        self._boards_due = -math.inf  # rule-clock time of the next board refresh
+        self._boards_seen: dict[str, boards.Board] = {}
+        self._boards_read = -math.inf  # rule-clock time of the last board refresh
         self._ahead: float | None = None  # the latest event time still ahead of the clock
 
     # --- lifecycle ---
@@ -162,6 +180,8 @@ class Diagnosis:
 
     def _on_events(self, events: list[Event]) -> None:
         self.db.record_events(events)
+        if any(ev.stream == "kernel.xid" for ev in events):
+            self._boards_due = min(self._boards_due, self._boards_read + BOARDS_GAP)
         latest = max(ev.t for ev in events)
         if latest > self.rules.clock.now():
             self._ahead = latest if self._ahead is None else max(self._ahead, latest)
@@ -225,6 +245,10 @@ class Diagnosis:
             if self.before_tick is not None:
                 self.before_tick()
             t = self.rules.clock.now() if now is None else now
+            wanted = self._boards_wanted(t)
+            if wanted is not None:
+                facts = await asyncio.to_thread(self._board_facts, t, wanted)
+                self._publish_boards(facts, t)
             with self.store.hold():
                 ev = await _in_thread(self.rules.compute, t, self.rules.open_keys())
                 # on the loop, still over the store the evaluation saw (links read it)
@@ -244,7 +268,56 @@ class Diagnosis:
     def _step(self, now: float | None) -> tuple[list[Transition], list[dict[str, Any]]]:
         if self.before_tick is not None:
             self.before_tick()
+        t = self.rules.clock.now() if now is None else now
+        wanted = self._boards_wanted(t)
+        if wanted is not None:
+            self._publish_boards(self._board_facts(t, wanted), t)
         return self._after(self.rules.tick(now))
+
+    # --- each board's history (moptd.findings.boards) ---
+
+    def _boards(self) -> dict[str, boards.Board]:
+        attrs = {s: self.store.attrs(s) for s in self.store.subjects("gpu")}
+        indexed = {
+            a["pci_bus_id"].lower()
+            for s, a in attrs.items()
+            if s[4:].isdigit() and a.get("pci_bus_id")
+        }
+        out = {}
+        for subject in attrs:
+            if not subject[4:].isdigit() and subject[4:].lower() in indexed:
+                continue  # the kernel's gpu:<bus> of a GPU NVML names by index: one board
+            board = boards.board_of(subject, attrs)
+            if board is not None:
+                out[subject] = board
+        return out
+
+    def _boards_wanted(self, t: float) -> dict[str, boards.Board] | None:
+        """The GPU subjects' boards when their history is due to be read again (on the
+        loop: the store is read here, the database in a thread): after a kernel.xid event
+        or a hardware finding, when the GPUs changed, and every BOARDS_EVERY."""
+        if self.board_policy is None:
+            return None
+        now_boards = self._boards()
+        if t < self._boards_due and now_boards == self._boards_seen:
+            return None
+        self._boards_due = t + BOARDS_EVERY
+        self._boards_read = t
+        self._boards_seen = now_boards
+        return now_boards
+
+    def _board_facts(self, t: float, wanted: dict[str, boards.Board]) -> dict[str, boards.Facts]:
+        assert self.board_policy is not None
+        try:
+            return self.db.board_facts(t, self.board_policy, wanted)
+        except Exception:
+            log.exception("reading the boards' history failed")
+            return {}
+
+    def _publish_boards(self, facts: dict[str, boards.Facts], t: float) -> None:
+        if facts:
+            # a source of its own: "findings" (the store's health) is replaced every tick
+            self.store.ingest("boards", boards.facts_batch(facts), t)
 
     def _after(
         self, transitions: list[Transition]
@@ -268,9 +341,18 @@ class Diagnosis:
             detail["pending_since"] = f.pending_since
         if f is not None and tr.new in ("pending", "firing"):
             detail["steps"] = steps_of(self.rules.result(tr.rule, tr.subject))
-        return transition_record(
+        rec = transition_record(
             tr.t, tr.rule, tr.subject, tr.code, tr.severity, tr.old, tr.new, tr.summary, detail
         )
+        policy = self.board_policy
+        if tr.new == "firing" and policy is not None and policy.counts(tr.code, tr.severity):
+            board = self._boards().get(tr.subject)
+            if board is None:
+                board = boards.board_of(tr.subject, {tr.subject: self.store.attrs(tr.subject)})
+            if board is not None:
+                rec["board"] = boards.board_row(board, detail)
+                self._boards_due = -math.inf  # the repeat shows at the next evaluation
+        return rec
 
     def _persist(self, transitions: list[Transition]) -> list[dict[str, Any]]:
         """Record each transition and tell the event stream; returns the records."""

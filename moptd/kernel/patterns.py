@@ -38,6 +38,22 @@ _NVLINK5 = re.compile(
 )
 # Older NVLink Xid 74: "NVLink: fatal error detected on link 14(0x0, 0x0, ...)"
 _NVLINK_LINK = re.compile(r"NVLink: .{0,64}?\bon link (?P<link>\d{1,4})\b")
+# Where an Xid 13 or 31 hit (NVIDIA's Xid 13 and 31 workflows ask whether faults repeat at
+# the same place). Xid 13: "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): ..." (gpud's
+# xid README, NVSentinel's csv_test.go); older drivers name a unit of a TPC without an SM
+# ("Graphics TEX Exception on (GPC 0, TPC 1): ..."). Xid 31: "MMU Fault: ENGINE GRAPHICS
+# GPC2 GPCCLIENT_T1_7 faulted @ 0x2b57_b3000000. Fault is of type FAULT_PDE
+# ACCESS_TYPE_VIRT_WRITE"; drivers 418 and older print no GPC ("ENGINE GRAPHICS
+# GPCCLIENT_T1_3"). The faulting address is the process's own (virtual): not a location.
+_SM_LOCATION = re.compile(
+    r"\bon \(GPC (?P<gpc>\d{1,4})(?:, TPC (?P<tpc>\d{1,4}))?(?:, SM (?P<sm>\d{1,4}))?\)"
+)
+_MMU_FAULT = re.compile(
+    r"MMU Fault: ENGINE (?P<engine>[A-Z][A-Z0-9_]{0,31})(?: (?P<gpc>GPC\d{1,4}))?"
+    r" (?P<client>[A-Z][A-Z0-9_]{0,63}) faulted @ 0x[0-9a-fA-F_]{1,24}"
+    r"(?:\.? ?Fault is of type (?P<type>[A-Z][A-Z0-9_]{0,63})"
+    r"(?: (?P<access>ACCESS_TYPE_[A-Z0-9_]{1,32}))?)?"
+)
 # Xid 154: "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
 _RECOVERY = re.compile(
     r"recovery action changed from (?P<old_code>0x[0-9a-fA-F]{1,8}|\d{1,8}) \((?P<old>[^)]{0,64})\)"
@@ -288,6 +304,8 @@ def parse_xid(line: str) -> dict[str, Any] | None:
         lm = _NVLINK_LINK.search(message)
         if lm is not None:
             _set_link(fields, int(lm.group("link")))
+    if fields["code"] in (13, 31):
+        _set_location(fields, message)
     rm = _RECOVERY.search(message)
     if rm is not None:
         fields["recovery_action"] = rm.group("new").strip()
@@ -295,6 +313,34 @@ def parse_xid(line: str) -> dict[str, Any] | None:
         fields["previous_recovery_action"] = rm.group("old").strip()
         fields["previous_recovery_action_code"] = _number(rm.group("old_code"))
     return fields
+
+
+def _set_location(fields: dict[str, Any], message: str) -> None:
+    """``location``: where on the GPU the fault hit, as one comparable text ("GPC 7, TPC 7,
+    SM 0"; "GRAPHICS GPC2 GPCCLIENT_T1_7"), with its parts as fields of their own."""
+    sm = _SM_LOCATION.search(message)
+    if sm is not None:
+        parts = [f"GPC {int(sm.group('gpc'))}"]
+        fields["gpc"] = int(sm.group("gpc"))
+        for key in ("tpc", "sm"):
+            if sm.group(key) is not None:
+                fields[key] = int(sm.group(key))
+                parts.append(f"{key.upper()} {fields[key]}")
+        fields["location"] = ", ".join(parts)
+        return
+    mmu = _MMU_FAULT.search(message)
+    if mmu is not None:
+        fields["mmu_engine"] = mmu.group("engine")
+        fields["mmu_client"] = mmu.group("client")
+        if mmu.group("gpc") is not None:
+            fields["gpc"] = int(mmu.group("gpc")[3:])
+        if mmu.group("type") is not None:
+            fields["mmu_fault_type"] = mmu.group("type")
+        if mmu.group("access") is not None:
+            fields["mmu_access_type"] = mmu.group("access")
+        fields["location"] = " ".join(
+            p for p in (mmu.group("engine"), mmu.group("gpc"), mmu.group("client")) if p
+        )
 
 
 def _number(text: str) -> int:
