@@ -53,11 +53,12 @@ def add_ports_arg(ap: argparse.ArgumentParser) -> None:
 
 
 def use_ports(ports: tuple[int, int]) -> None:
-    """Every later ``free_port()`` here, in bench/daemon_bench.py and in tests/daemon_proc.py
-    (which the benches borrow) gives a port of ``ports``."""
+    """Every later ``free_port()`` here, in bench/daemon_bench.py, in tests/daemon_proc.py
+    (which the benches borrow) and the running script's own ``free_port`` name (bound by
+    ``from ... import free_port``) gives a port of ``ports``."""
     global _range
     _range = ports
-    for name in ("daemon_bench", "tests.daemon_proc", "tests.vllm.harness"):
+    for name in ("__main__", "daemon_bench", "tests.daemon_proc", "tests.vllm.harness"):
         mod = sys.modules.get(name)
         if mod is not None and hasattr(mod, "free_port"):
             mod.free_port = free_port
