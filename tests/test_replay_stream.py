@@ -159,3 +159,21 @@ def test_progress_is_shown_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -
     replay(MATMUL, [default_rules_dir()], read_bundle, progress)
     progress.finish()
     assert piped.getvalue() == ""
+
+
+def test_progress_says_reading_at_once_and_estimates_what_is_left() -> None:
+    """issue 32: a day of dumps showed nothing while it was read, and "in N s" was the time
+    spent, read as an estimate."""
+    from moptd.cli.replay_progress import _left
+
+    term = _Terminal()
+    progress = TerminalProgress(term)
+    progress.reading("/tmp/bundle")
+    assert term.getvalue() == "\rreading /tmp/bundle ..."  # before any file is read
+    progress.finish()
+    assert term.getvalue().endswith("\r\x1b[K")
+    piped = io.StringIO()
+    TerminalProgress(piped).reading("/tmp/bundle")
+    assert piped.getvalue() == ""
+    assert _left(0.25, 10.0) == ", about 30 s left"  # the pace so far: 10 s for a quarter
+    assert _left(0.01, 10.0) == ""  # too early to say
