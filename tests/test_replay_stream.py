@@ -202,7 +202,8 @@ def test_a_long_bundles_dumps_and_pages_held_packed_replay_as_held_whole(
     for mod in (bundle_reader, serving_bundle):
         monkeypatch.setattr(mod, "PACK_FROM", 10)
     tl = read_bundle(root)
-    assert tl.lazy is not None and tl.observations == []
+    assert tl.lazy is not None
+    assert tl.observations == []
     assert tl.span() == whole_tl.span()
     got = list(tl.iter_observations())
     assert not any(isinstance(b, batchpack.PackedBatch) for _, _, b in got)
