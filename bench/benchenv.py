@@ -58,7 +58,8 @@ def use_ports(ports: tuple[int, int]) -> None:
     ``from ... import free_port``) gives a port of ``ports``."""
     global _range
     _range = ports
-    for name in ("__main__", "daemon_bench", "tests.daemon_proc", "tests.vllm.harness"):
+    for name in ("__main__", "daemon_bench", "tests.daemon_proc", "tests.prometheus_proc",
+                 "tests.vllm.harness"):
         mod = sys.modules.get(name)
         if mod is not None and hasattr(mod, "free_port"):
             mod.free_port = free_port
