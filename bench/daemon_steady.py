@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchenv import add_ports_arg, use_ports
 from percentile import pct
 
 from tests.daemon_proc import DaemonProcess
@@ -50,7 +51,9 @@ def main() -> int:
     ap.add_argument("--recording", help="NVML recording for the recorded backend")
     ap.add_argument("--gpus", type=int, default=1, help="replicate the recording to N GPUs")
     ap.add_argument("--out", help="write the figures as JSON here")
+    add_ports_arg(ap)
     args = ap.parse_args()
+    use_ports(args.ports)
 
     extra: dict[str, object] = {"collectors": {"nvml": {"interval": "1s"},
                                                "host": {"interval": "1s"}}}

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchenv import add_ports_arg, use_ports, write_xid79
 from percentile import pct
 
 from tests.api_helpers import get as api_get
-from tests.api_helpers import write_xid79
 from tests.daemon_proc import DaemonProcess
 
 
@@ -58,7 +58,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--out", type=Path)
+    add_ports_arg(ap)
     args = ap.parse_args()
+    use_ports(args.ports)
     if not os.access("/dev/kmsg", os.W_OK):
         raise SystemExit("needs a writable /dev/kmsg (root)")
     api: list[float] = []

@@ -34,11 +34,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchenv import add_ports_arg, use_ports, write_xid79
 from percentile import pct
 
 from moptd.cli.client import DaemonUnreachable
 from tests.api_helpers import get as api_get
-from tests.api_helpers import write_xid79
 from tests.daemon_proc import free_port
 
 THIS = Path(__file__).resolve().parent.parent
@@ -162,7 +162,9 @@ def main() -> int:
     ap.add_argument("--poll", type=float, default=0.01, help="seconds between polls")
     ap.add_argument("--timeout", type=float, default=10.0, help="per round, seconds")
     ap.add_argument("--out", type=Path)
+    add_ports_arg(ap)
     args = ap.parse_args()
+    use_ports(args.ports)
     if not os.access("/dev/kmsg", os.W_OK):
         raise SystemExit("needs a writable /dev/kmsg (root)")
     trees = {"this": THIS}

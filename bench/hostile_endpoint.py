@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchenv import add_ports_arg, use_ports
 from daemon_bench import (
     REPO,
     Arm,
@@ -98,7 +99,9 @@ def main() -> int:
     ap.add_argument("--switch-interval", type=float,
                     help="also run this tree with sys.setswitchinterval(S) set at start")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each arm (side by side)")
+    add_ports_arg(ap)
     args = ap.parse_args()
+    use_ports(args.ports)
     arms = arms_from(args.other, args.switch_interval)
     if len(arms) == 1:
         result = run_once(arms[0], args)

@@ -2,7 +2,8 @@
 """Kernel record written -> parsed, attributed event in the signal store: latency.
 
 Starts the real kernel collector on /dev/kmsg (root, writable), writes --records Xid
-records from another thread (tagged moptd-bench-<uuid>, fake PCI address 0000:fe:00, so
+records from another thread (tagged moptd-bench-<uuid>, a PCI address of the reserved
+range, bench/benchenv.py, so
 they are harmless in the host's kernel log) and times each from just before write(2) to
 its event landing in a SignalStore. The kernel rate-limits writes per open file (10 per
 5 s), so each write opens /dev/kmsg afresh.
@@ -26,10 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchenv import bench_pci
+
 from moptd.collector import CollectorContext
 from moptd.collectors.kernel_log import KernelLogCollector
 from moptd.observations import Event
 from moptd.store import SignalStore
+
+PCI = bench_pci()  # one address of the reserved range for this run
 
 
 def pct(values: list[float], q: float) -> float:
@@ -69,7 +74,7 @@ async def main() -> None:
         def writer() -> None:
             for i in range(args.records):
                 line = (
-                    f"NVRM: Xid (PCI:0000:fe:00): 13, pid='<unknown>', name=<unknown>, {tag} {i}\n"
+                    f"NVRM: Xid (PCI:{PCI}): 13, pid='<unknown>', name=<unknown>, {tag} {i}\n"
                 )
                 fd = os.open(kmsg, os.O_WRONLY)
                 written[i] = time.perf_counter()

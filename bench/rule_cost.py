@@ -37,6 +37,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchenv import add_ports_arg, use_ports
 from daemon_bench import REPO, Arm, Daemon, arms_from, latency_figures, metric, side_by_side
 from percentile import pct
 from rules_tick import batch_at
@@ -262,7 +263,9 @@ def main() -> int:
         "--fill", action="store_true",
         help="instead of --rules: one rule per scope taking it to the load-time bound",
     )
+    add_ports_arg(ap)
     args = ap.parse_args()
+    use_ports(args.ports)
     results = []
     runs = [(n, False) for n in args.rules] if not args.fill else [(0, True)]
     if args.fill and args.shipped_too:

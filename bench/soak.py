@@ -41,6 +41,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchenv import add_ports_arg, bench_pcis, use_ports  # noqa: E402
+
 from moptd.cli.client import DaemonUnreachable  # noqa: E402
 from moptd.collectors.daemon_self import read_self  # noqa: E402
 from tests.api_helpers import get as api_get  # noqa: E402
@@ -51,9 +53,10 @@ VLLM_PAGE = REPO / "tests/fixtures/vllm-cpu/vllm_cpu_metrics_load.txt"
 KMSG = Path("/dev/kmsg")
 # (Xid, what it is): an application fault, a page fault, a double-bit ECC error
 INCIDENTS = [(13, "Graphics Engine Exception"), (31, "MMU Fault"), (48, "DBE (Double Bit Error)")]
-# a random PCI domain no real GPU has, so runs sharing a kernel log do not see each other
-_DOMAIN = int.from_bytes(os.urandom(2)) % 0xE000 + 0x1000
-PCI = [f"{_DOMAIN:04x}:{bus:02x}:00" for bus in (0xF1, 0xF2, 0xF3)]
+# three addresses of the reserved range (bench/benchenv.py) from a random start, so runs
+# sharing a kernel log do not see each other
+_PCIS = bench_pcis()
+PCI = [next(_PCIS) for _ in range(3)]
 
 
 @contextmanager
@@ -221,7 +224,9 @@ def main() -> int:
     ap.add_argument("--incident-every", type=float, default=30)
     ap.add_argument("--out", help="write the figures as JSON here")
     ap.add_argument("--quiet", action="store_true")
+    add_ports_arg(ap)
     args = ap.parse_args()
+    use_ports(args.ports)
     with tempfile.TemporaryDirectory() as tmp:
         result = soak(args, Path(tmp))
     brief = {k: v for k, v in result.items() if k != "samples"}

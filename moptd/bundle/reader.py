@@ -19,19 +19,21 @@ live, once:
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from moptd.batchpack import PACK_FROM, PackedBatch, pack, unpack
 from moptd.bundle.archive import open_bundle
 from moptd.bundle.errors import BundleError
 from moptd.bundle.meta import captured_at, read_meta, read_text
 from moptd.bundle.sources import collect_stack
 from moptd.collector import GpuIdentities
 from moptd.collectors.versions import VersionsCollector, replay_context
-from moptd.diagnose.timeline import Timeline
+from moptd.diagnose.timeline import Observation, Timeline
 from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
 from moptd.gpu.recorded import RecordingError, SampleRows, open_rows, read_samples
 from moptd.kernel.attribution import records_to_events
@@ -47,15 +49,46 @@ def read_bundle(path: Path) -> Timeline:
     also classifies the files at other names, and is the one the commands use."""
     root, tmp = open_bundle(path)
     try:
-        return _read(root, path)
+        tl = _read(root, path)
+        stream_packed(tl)
+        return tl
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
 def read_tree(root: Path, shown: Path) -> Timeline:
-    """The bundle directory at ``root`` (already opened), named ``shown`` in the report."""
+    """The bundle directory at ``root`` (already opened), named ``shown`` in the report.
+    Call ``stream_packed`` once what reads the observations' attributes is done."""
     return _read(root, shown)
+
+
+def stream_packed(tl: Timeline) -> None:
+    """A long bundle's packed Batches (moptd.batchpack) unpacked only as the walk takes
+    them: the observations become the timeline's lazy stream, in exactly the order
+    Timeline.iter_observations gave (at one time: the sources the stream follows, the
+    stream, the rest)."""
+    if not any(isinstance(b, PackedBatch) for _, _, b in tl.observations):
+        return
+    follows, lazy = tl.lazy_follows, tl.lazy
+    before = [o for o in tl.observations if o[1] in follows]
+    after = [o for o in tl.observations if o[1] not in follows]
+    times = [t for t, _, _ in (tl.observations[:1] + tl.observations[-1:])]
+    times += [t for t in (tl.lazy_first, tl.lazy_last) if t is not None]
+
+    def merged() -> Iterator[Observation]:
+        if lazy is None:
+            return _unpacked(before + after)
+        return heapq.merge(_unpacked(before), lazy(), _unpacked(after), key=lambda o: o[0])
+
+    tl.observations = []
+    tl.lazy, tl.lazy_follows = merged, frozenset()
+    tl.lazy_first, tl.lazy_last = min(times), max(times)
+
+
+def _unpacked(obs: Iterable[Observation]) -> Iterator[Observation]:
+    for t, source, b in obs:
+        yield t, source, unpack(b)
 
 
 def _read(root: Path, shown: Path) -> Timeline:
@@ -146,6 +179,7 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
     version = ""
     if not files:
         tl.missing.append("gpu/nvidia-smi")
+    packing = len(files) >= PACK_FROM  # a long bundle: held packed until replayed
     for i, f in enumerate(files):
         try:
             dump = read_dump(f)
@@ -161,7 +195,8 @@ def _read_nvsmi(root: Path, tl: Timeline, start: float | None) -> GpuIdentities:
             if bus:
                 index_by_bus[bus] = g.static.index
                 uuid_by_bus[bus] = g.static.uuid
-        tl.observations.append((t, "nvml", dump_to_batch(dump, index_by_bus)))
+        batch = dump_to_batch(dump, index_by_bus)
+        tl.observations.append((t, "nvml", pack(batch) if packing else batch))
         version = dump.driver_version or version
     return GpuIdentities(index_by_bus, uuid_by_bus, version, "nvidia-smi")
 

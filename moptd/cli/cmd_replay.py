@@ -88,6 +88,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from moptd.bundle.intake import read_inputs
     from moptd.cli.bundle_guard import BundleRefused, check_bundle
     from moptd.cli.replay_progress import TerminalProgress
+    from moptd.cli.sanitize import escape_text
     from moptd.diagnose.loader import default_rules_dir, load_rules
     from moptd.diagnose.replay import replay_timeline
 
@@ -98,6 +99,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(err, file=sys.stderr)
         return EXIT_BAD_RULES
     progress = TerminalProgress(sys.stderr)  # a line on stderr, on a terminal only
+    progress.reading(escape_text(", ".join(str(i) for i in args.inputs)))
     try:
         tl = read_inputs(args.inputs, sys.stdin.buffer, check_bundle)
         # a long stream (gpu/samples.jsonl) is read as it is replayed: its bad line too

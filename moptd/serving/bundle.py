@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from moptd.batchpack import PACK_FROM, pack
 from moptd.located import LocatedError
 from moptd.observations import Batch, Event, labels_of
 from moptd.serving.engines import view_from_samples
@@ -125,7 +126,8 @@ def _read_metrics(d: Path, subject: str, window: float, out: ServingReplay) -> l
         fill_view(b, subject, view, hw, t)
         if view.model:
             b.describe(subject, model=view.model)
-        out.observations.append((t, b))
+        # a long bundle's pages are held packed until the replay takes them (issue 32)
+        out.observations.append((t, pack(b) if len(pages) >= PACK_FROM else b))
     return [t for t, _ in pages]
 
 
