@@ -245,7 +245,7 @@ def test_the_terminal_report_starts_with_what_was_read(
     main(["replay", str(ticket)])
     lines = capsys.readouterr().out.splitlines()
     # the answer `explain --bundle` gives: what was read first, then what was not
-    assert lines[0] == f"Bundle {ticket}: 1 time steps replayed."
+    assert lines[0] == f"Bundle {ticket}: 1 time step replayed."
     assert lines[1].startswith("Read ")
     assert (
         f"Read nvidia-smi -q: 1 \u00d7 NVIDIA H200, driver 580.159.04  ({ticket} lines 15-269)"

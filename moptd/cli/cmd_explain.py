@@ -331,7 +331,10 @@ def replay_view(inputs: list[str], tl: Any, report: Any, bad: bool) -> dict[str,
 
     shown = " + ".join(inputs)
     used, unused = read_lines(report.read)
-    notes = [f"Bundle {shown}: {report.steps} time steps replayed."]
+    host = report.meta.get("host")
+    of = f" (host {host})" if host else ""
+    steps = f"{report.steps} time step{'' if report.steps == 1 else 's'}"
+    notes = [f"Bundle {shown}{of}: {steps} replayed."]
     notes += [f"Read {line}" for line in used]
     notes += [f"Not used: {line}" for line in unused]
     if not used:
