@@ -298,6 +298,44 @@ FLEET = Dashboard(
             ),
         ),
         Row(
+            "Recurring faults, by board",
+            (
+                Panel(
+                    "Boards with hardware faults on record",
+                    (
+                        q(
+                            'sort_desc(moptd_gpu_board_fault_incidents{job=~"$job"} > 0)',
+                            "",
+                            True,
+                        ),
+                    ),
+                    "table",
+                    width=12,
+                    needs="incident",
+                    description="Hardware-class findings each board (by serial, across resets, "
+                    "reboots and a new PCI address) had in the history window; "
+                    "moptd_gpu_board_fault_recurring is 1 where GPU_FAULT_RECURRING fires "
+                    "(rules/hardware/board-history.yaml; `moptd history gpu:N` on the host).",
+                ),
+                Panel(
+                    "Programs faulting at one place of a GPU",
+                    (
+                        q(
+                            'sort_desc(moptd_gpu_fault_location_processes{job=~"$job"} >= 2)',
+                            "",
+                            True,
+                        ),
+                    ),
+                    "table",
+                    width=12,
+                    needs="incident",
+                    description="Different programs whose Xid 13/31 named the same GPC/TPC/SM "
+                    "or MMU engine and client: the hardware pattern of "
+                    "GPU_FAULT_SAME_LOCATION (one program repeating is its own fault).",
+                ),
+            ),
+        ),
+        Row(
             "Serving latency, all hosts",
             (
                 fleet_latency("Time to first token", "moptd_serving_time_to_first_token_seconds"),
