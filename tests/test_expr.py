@@ -154,10 +154,11 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
             "count(kernel.xid, 5m, colour == 1)",
             "unknown event field 'colour' (fields: "
             "caused_by, cmdline, code, compute_instance, container, diagnoses, error_status, "
-            "facility, gpu_instance, incident, intrinfo, link, link_scope, message, mnemonic, "
+            "facility, gpc, gpu_instance, incident, intrinfo, link, link_scope, location, "
+            "message, mmu_access_type, mmu_client, mmu_engine, mmu_fault_type, mnemonic, "
             "nvlink_unit, nvlink_xc, pci_bus_id, pid, plan, pod_uid, previous_recovery_action, "
             "previous_recovery_action_code, process, recovery_action, recovery_action_code, "
-            "severity, user, uuid)",
+            "severity, sm, tpc, user, uuid)",
         ),
         ('last(gpu.util, reason="x")', "gpu.util has no label 'reason' (labels: none)"),
         ("last(collector.success)", 'collector.success needs collector="NAME"'),
