@@ -329,12 +329,13 @@ def replay_view(inputs: list[str], tl: Any, report: Any, bad: bool) -> dict[str,
     """What explain shows of a replay: `moptd replay` and `explain --bundle` alike."""
     from moptd.cli.render_findings import read_lines
 
-    shown = " + ".join(inputs)
+    shown = " + ".join("stdin" if i == "-" else i for i in inputs)  # "Bundle -" read as a typo
     used, unused = read_lines(report.read)
     host = report.meta.get("host")
     of = f" (host {host})" if host else ""
     steps = f"{report.steps} time step{'' if report.steps == 1 else 's'}"
-    notes = [f"Bundle {shown}{of}: {steps} replayed."]
+    what = "Paste on" if inputs == ["-"] else "Bundle"
+    notes = [f"{what} {shown}{of}: {steps} replayed."]
     notes += [f"Read {line}" for line in used]
     notes += [f"Not used: {line}" for line in unused]
     if not used:

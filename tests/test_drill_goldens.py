@@ -1,0 +1,46 @@
+"""The drill read line by line (issue 31, "golden files for each case"): each public
+kernel-log excerpt of tests/fixtures/kernel-drill/, pasted into `moptd explain --bundle -`
+as an SRE pastes a ticket, gives the one-screen answer in tests/golden/drill/<case>.txt.
+tests/test_xid_drill.py holds each case's code, subject, severity and first action against
+NVIDIA's catalog; these goldens hold what the SRE reads around them (order, wording, the
+commands with their subjects, the time notes). `MOPTD_UPDATE_GOLDEN=1` rewrites them: read
+the diff line by line before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+DRILL = REPO / "tests/fixtures/kernel-drill"
+GOLDEN = REPO / "tests/golden/drill"
+CASES = sorted(p.stem for p in DRILL.glob("*.log"))
+
+
+def test_every_case_has_its_golden():
+    assert len(CASES) >= 16
+    assert sorted(p.stem for p in GOLDEN.glob("*.txt")) == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_drill_case_reads_as_its_golden(case: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "moptd", "explain", "--bundle", "-"],
+        input=(DRILL / f"{case}.log").read_bytes(),
+        capture_output=True,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    text = out.stdout.decode()
+    path = GOLDEN / f"{case}.txt"
+    if os.environ.get("MOPTD_UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8")
