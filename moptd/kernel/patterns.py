@@ -165,6 +165,7 @@ RELEASE_UNSUPPORTED = re.compile(r"installed in this system is not supported by 
 # Lines that say why the next "RmInitAdapter failed!" happens, printed by RmInitAdapter
 # itself before it names the GPU (osinit.c): they are that failure's first line, not a
 # failure of their own. The open module declining a GeForce GPU is kept as its own flag.
+INIT_CAUSE_LINES = 8  # the open module's notice is four lines; RmInitAdapter comes next
 INIT_CAUSES = (
     (re.compile(r"Cannot initialize GSP firmware RM"), "GSP firmware RM could not start"),
     (OPEN_MODULE_UNSUPPORTED, "only ready for Data Center GPUs"),
@@ -431,6 +432,7 @@ class KernelMatcher:
         self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self._open_unsupported = False  # the open module's notice, for the next RmInitAdapter
         self._init_cause: tuple[str, str] | None = None  # (line, why) for the next RmInitAdapter
+        self._init_cause_age = 0  # NVRM lines since: a cause is kept for INIT_CAUSE_LINES only
         self._nvlink_core_bare = False  # the NVLink core registered, no NVRM line since
 
     def feed(self, text: str) -> list[Match]:
@@ -516,6 +518,9 @@ class KernelMatcher:
 
     def _nvrm(self, line: str) -> list[Match]:
         self._recent.append(line)
+        self._init_cause_age += 1
+        if self._init_cause_age > INIT_CAUSE_LINES:
+            self._init_cause = None  # its RmInitAdapter line never came: not a later one's
         fields = parse_xid(line)
         if fields is not None:
             return [Match("kernel.xid", fields, line)]
@@ -585,7 +590,7 @@ class KernelMatcher:
         for rx, why in INIT_CAUSES:
             if rx.search(line):
                 self._open_unsupported |= rx is OPEN_MODULE_UNSUPPORTED
-                self._init_cause = (line, why)
+                self._init_cause, self._init_cause_age = (line, why), 0
                 return []
         if any(k in line for k in _GSP_HINTS):
             m = GSP_NO_XID.search(line)
