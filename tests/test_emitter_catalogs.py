@@ -44,6 +44,7 @@ RULE_OF = {
     ("serving.cuda_error", "illegal_address"): "CUDA_ILLEGAL_ADDRESS",
     ("serving.cuda_error", "no_kernel_image"): "CUDA_ARCH_UNSUPPORTED",
     ("serving.cuda_error", "driver_too_old"): "CUDA_DRIVER_TOO_OLD",
+    ("serving.cuda_error", "system_not_ready"): "FABRIC_MANAGER_NOT_READY",  # fabric-manager.rules
 }
 ENTRIES = [(e.id, m) for e in catalogs().values() for m in e.messages]
 # the kernel- and host-side catalogs are checked against the kernel parsers (below)
@@ -177,8 +178,9 @@ def test_the_coverage_tables_in_docs_accuracy_are_current() -> None:
 # --- the kernel- and host-side emitters -------------------------------------------------------
 # Each catalogued message of these emitters is fed to moptd's kernel path (logparse ->
 # patterns -> unclassified, via records_to_events) on a real line: the catalog's `seen:`
-# line (tests/fixtures, copied from public logs; the four lines before it come along, for
-# the multi-line messages and SXid follow-ups), else the catalog text itself, after the
+# line (tests/fixtures, copied from public logs; the four lines before and after it come
+# along, for the multi-line messages, SXid follow-ups and the lines that say why the
+# "RmInitAdapter failed!" after them happens), else the catalog text itself, after the
 # record's fixed prefix. What the parser makes of that line, mapped to the code of the rule
 # that reads it, must equal the catalog's code; a benign message must raise no finding.
 KERNEL_SIDE = _HOST_SIDE
@@ -197,56 +199,9 @@ NOT_READ = {
 # Kernel messages the parsers do not yet read as their catalog says, each with what they do
 # instead. Strict: a message the parsers come to read right fails here until it is removed.
 NOT_YET_MATCHED = {
-    ("nvidia-kernel", "nvidia-nvlink: Failed to initialize driver"): "quoted as "
-    "UNCLASSIFIED_ERROR (nvidia-nvlink, a failure word), not read as nvidia.ko failing to load",
-    ("nvidia-kernel", "NVRM: No NVIDIA GPU found."): "no failure word: raises nothing",
-    ("nvidia-kernel", "NVRM: Open nvidia.ko is only ready for use on Data Center GPUs."): "kept "
-    "as context for the RmInitAdapter line that follows it; alone it raises nothing",
-    ("nvidia-kernel", "Max GSP-RM boot attempts exceeded"): "no pattern and no failure word: "
-    "raises nothing",
-    ("nvidia-kernel", "installed in this system is not supported by the"): "only the open "
-    "module's no-GSP form of the message is read; this one raises nothing",
-    ("nvidia-kernel", "Timeout waiting for RPC from GSP!"): "no captured line: the text alone "
-    "is quoted as UNCLASSIFIED_ERROR (a Xid 119 line carries it in those releases)",
-    ("nvidia-kernel", "GSP Timeout ****"): "left to the Xid 119 line it comes with; alone it is "
-    "quoted as UNCLASSIFIED_ERROR",
-    ("nvidia-kernel", "Cannot initialize GSP firmware RM"): "quoted as UNCLASSIFIED_ERROR; "
-    "the RmInitAdapter line that follows it is read as GPU_INIT_FAILED",
-    ("linux-kernel", "Loading of module with unsupported crypto is rejected"): "only the "
-    "unsigned and unavailable-key reasons are read; this one raises nothing",
-    ("nvidia-kernel", "during bootup without API lock"): "no captured line; the pattern needs "
-    'the "Attempted to process RPC event" head, the text alone raises nothing',
-    ("nvidia-kernel", "Failed to update Rx Detect Link mask!"): "no captured line; the "
-    "pattern needs the function name before it (then kernel.nvlink_rx_detect_failure, which no "
-    "rule reads), the text alone is quoted as UNCLASSIFIED_ERROR",
-    ("nvidia-kernel", "postRxDetLinkMask failed!"): "no captured line; the pattern needs the "
-    "function name, the text alone is quoted as UNCLASSIFIED_ERROR",
-    ("nvidia-kernel", r"SXid \(PCI:[0-9a-fA-F:.]+\): \d+, Non-fatal,"): "read as kernel.sxid "
-    "(non-fatal), which no rule reads",
-    ("nvidia-kernel", "Failed to initialize device"): "the NVSwitch device name is missing "
-    "from the text alone (no captured line), so no GPU emitter is recognised: raises nothing",
-    ("nvidia-kernel", "ERROR detected invalid context, skipping further processing"): "read "
-    "as kernel.peermem_error, which no rule reads",
-    ("linux-kernel", r"PCIe Bus Error: severity=Uncorrect(?:ed|able) \(Non-Fatal\)"): "read as "
-    "kernel.pcie_aer (nonfatal), which no rule reads and which is not quoted either",
-    ("linux-kernel", r"Uncorrect(?:ed|able) \(Fatal\) error (?:message )?received"): "the "
-    'port\'s source line is not read; the "PCIe Bus Error" line after it is',
-    ("linux-kernel", "t recover (no error_detected callback)"): "read as kernel.pcie_recovery "
-    "(no_handler), which decides nothing alone and is not quoted",
-    ("linux-kernel", "device has no AER-aware driver"): "read as kernel.pcie_recovery "
-    "(no_handler), which decides nothing alone and is not quoted",
-    ("linux-kernel", "blocked for more than"): "not a GPU emitter's record: raises nothing "
-    "(hung tasks: h29kx)",
-    ("linux-kernel", "BUG: soft lockup - CPU#"): "not a GPU emitter's record: raises nothing "
-    "(soft lockups: h29kx)",
-    ("linux-kernel", "Kernel panic - not syncing: "): "not a GPU emitter's record: raises "
-    "nothing (panics: h29kx)",
-    (
-        "linux-kernel",
-        r"segfault at [0-9a-f]+ ip [0-9a-f]+ sp [0-9a-f]+ error \d+ in "
-        r"lib(?:cuda|nvidia-|nccl|cudnn|cublas)",
-    ): "only libnccl segfaults are read "
-    "(kernel.nccl_segfault, no rule); others raise nothing (segfaults: h29kx)",
+    ("nvidia-kernel", "Failed to initialize device"): "no captured line, and the text alone "
+    "lacks the record's start, the NVSwitch's name (\"%s: Failed to initialize device : %d\", "
+    "nvidia-nvswitchN), by which moptd knows a GPU emitter: alone it raises nothing",
 }
 NON_FINDING = frozenset({"kernel.sxid_detail"})
 KERNEL_ENTRIES = [(e, m) for e, m in ENTRIES if e in KERNEL_SIDE]
@@ -254,14 +209,14 @@ KERNEL_ENTRIES = [(e, m) for e, m in ENTRIES if e in KERNEL_SIDE]
 
 def _line_of(emitter: str, msg: Message) -> tuple[str, str]:
     """(the text fed to the parser, the target line): the `seen` line with the four before
-    it, or the catalog text after the record's fixed prefix."""
+    and after it, or the catalog text after the record's fixed prefix."""
     if msg.seen:
         path, _, number = msg.seen.rpartition(":")
         lines = (REPO / path).read_text(encoding="utf-8").splitlines()
         n = int(number)
         target = lines[n - 1]
         assert msg.found_in(target), f"{msg.seen} does not carry {msg.text!r}"
-        return "\n".join(lines[max(0, n - 5) : n]), target
+        return "\n".join(lines[max(0, n - 5) : n + 4]), target
     if msg.match != "substring":
         pytest.fail(f"{emitter}: a regex entry needs a `seen` line to be checked on")
     # NV_PRINTF / NV_DEV_PRINTF records (the RM, src/nvidia/) start "NVRM: " (then, by
@@ -296,14 +251,24 @@ def _codes_of_event(stream: str, f: dict[str, object]) -> set[str]:
             if module == "nvidia_uvm"
             else "AUX_MODULE_LOAD_FAILURE"
         }
+    # (stream, field, value, the drivers the rule reads it from or None for any) -> code:
+    # rules/hardware/pcie-fatal, nvswitch; rules/driver/pcie-aer, nvlink-kernel
     by_field = {
-        ("kernel.sxid", "fatal", True): "NVSWITCH_FATAL_ERROR",
-        ("kernel.pcie_aer", "severity", "fatal"): "PCIE_FATAL_ERROR",
-        ("kernel.pcie_recovery", "outcome", "failed"): "PCIE_FATAL_ERROR",
+        ("kernel.sxid", "fatal", True, None): "NVSWITCH_FATAL_ERROR",
+        ("kernel.sxid", "fatal", False, None): "NVLINK_ERROR",
+        ("kernel.pcie_aer", "severity", "fatal", None): "PCIE_FATAL_ERROR",
+        ("kernel.pcie_aer", "severity", "nonfatal", ("nvidia", "pcieport")): "UNCLASSIFIED_ERROR",
+        ("kernel.pcie_recovery", "outcome", "failed", None): "PCIE_FATAL_ERROR",
+        ("kernel.pcie_recovery", "outcome", "no_handler", ("nvidia",)): "UNCLASSIFIED_ERROR",
     }
-    for (s, key, value), code in by_field.items():
-        if stream == s:
-            return {code} if f.get(key) == value else set()
+    if any(s == stream for s, *_ in by_field):
+        return {
+            code
+            for (s, key, value, drivers), code in by_field.items()
+            if s == stream
+            and f.get(key) == value
+            and (drivers is None or f.get("driver") in drivers)
+        }
     code = KERNEL_RULE_OF.get(stream)
     return {code} if code else set()
 
@@ -317,6 +282,11 @@ KERNEL_RULE_OF = {
     "kernel.oom_kill": "HOST_OOM_KILL",
     "kernel.secure_boot_refused": "SECURE_BOOT_BLOCKED",
     "kernel.unclassified": "UNCLASSIFIED_ERROR",
+    # rules/driver/host-kernel.rules.yaml, nvlink-kernel.rules.yaml
+    "kernel.host_fault": "UNCLASSIFIED_ERROR",
+    "kernel.nccl_segfault": "UNCLASSIFIED_ERROR",
+    "kernel.peermem_error": "UNCLASSIFIED_ERROR",
+    "kernel.nvlink_rx_detect_failure": "NVLINK_ERROR",
 }
 
 

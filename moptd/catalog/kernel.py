@@ -82,8 +82,16 @@ SIGNALS = [
         "NVRM 'GPU <bus>: RmInitAdapter failed!': the driver could not initialise that one "
         "GPU (the module itself loaded). Subject as for kernel.xid. open_module_unsupported "
         "is true when the open kernel module said just before that it is only ready for "
-        "Data Center GPUs.",
-        ("module", "reason", "pci_bus_id", "uuid", "open_module_unsupported"),
+        "Data Center GPUs; release_unsupported when the driver said the GPU 'is not "
+        "supported by the NVIDIA <version> driver release'.",
+        (
+            "module",
+            "reason",
+            "pci_bus_id",
+            "uuid",
+            "open_module_unsupported",
+            "release_unsupported",
+        ),
     ),
     _ev(
         "kernel.sxid",
@@ -143,9 +151,12 @@ SIGNALS = [
         "kernel.module_load_failure",
         "node",
         "An NVIDIA kernel module failed to load or initialise (unknown symbol, version "
-        "magic, probe failure, or an RmInitAdapter failure that names no GPU); module names "
-        "it as /proc/modules does (nvidia, nvidia_fs, nvidia_peermem, nvidia_uvm, ...).",
-        ("module", "reason", "pci_bus_id", "open_module_unsupported"),
+        "magic, probe failure, the NVLink core failing its init, or an RmInitAdapter failure "
+        "that names no GPU); module names it as /proc/modules does (nvidia, nvidia_fs, "
+        "nvidia_peermem, nvidia_uvm, ...). release_unsupported: the GPU is not supported by "
+        "this driver release ('installed in this system is not supported by the NVIDIA ... "
+        "driver release').",
+        ("module", "reason", "pci_bus_id", "open_module_unsupported", "release_unsupported"),
     ),
     _ev(
         "kernel.secure_boot_refused",
@@ -165,8 +176,11 @@ SIGNALS = [
         "A PCIe AER error report; severity corrected, nonfatal or fatal; gpu set when the "
         "device is a known GPU; driver is the device's driver as the line prints it "
         "(pcieport, nvidia). Fatal reports feed PCIE_FATAL_ERROR "
-        "(rules/hardware/pcie-fatal.rules.yaml).",
-        ("pci_bus_id", "severity", "type", "gpu", "driver"),
+        "(rules/hardware/pcie-fatal.rules.yaml), non-fatal uncorrectable ones on a GPU or a "
+        "port UNCLASSIFIED_ERROR (rules/driver/pcie-aer.rules.yaml). The port's own line "
+        "naming where an uncorrectable error came from ('Uncorrected (Fatal) error received: "
+        "<bdf>') is a report too, with source the device it names.",
+        ("pci_bus_id", "severity", "type", "gpu", "driver", "source"),
     ),
     _ev(
         "kernel.unclassified",
@@ -182,8 +196,10 @@ SIGNALS = [
         "kernel.gsp_error",
         "node",
         "A GSP failure the driver logs without an Xid: kind heartbeat ('GSP RM heartbeat "
-        "timed out', 'Heartbeat timed out, currentTimeMs ...') or rpc_without_api_lock "
-        "('Attempted to process RPC event ... without API lock'); rm_gpu is the driver's "
+        "timed out', 'Heartbeat timed out, currentTimeMs ...'), rpc_without_api_lock "
+        "('Attempted to process RPC event ... without API lock'), boot_attempts_exceeded "
+        "('Max GSP-RM boot attempts exceeded') or rpc_timeout (the '*** GSP Timeout ***' "
+        "banner of an Xid 119 report); rm_gpu is the driver's "
         "GPU instance ('NVRM: GPU6 ...'), not nvidia-smi's index.",
         ("kind", "rm_gpu"),
     ),
@@ -200,7 +216,7 @@ SIGNALS = [
         "kernel.nccl_segfault",
         "node",
         "A process segfaulted inside an NVIDIA library (libnccl, libcuda, libnvidia-*, "
-        "libcudart, libcublas); rule kernel-host-fault quotes it (UNCLASSIFIED_ERROR).",
+        "libcudart, libcublas, libcudnn); rule kernel-host-fault quotes it (UNCLASSIFIED_ERROR).",
         ("pid", "process", "library", "container", "user", "cmdline"),
     ),
     _ev(

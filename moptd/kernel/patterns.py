@@ -135,6 +135,12 @@ MODULE_FAILURES = (
         "the probe routine {what}",
     ),
     (re.compile(r"NVRM: None of the NVIDIA devices were initialized"), "no device initialised"),
+    # nvlink_core_init() (kernel-open/nvidia/nvlink_linux.c, 595.45.04 line 330), called by
+    # nvidia.ko's module init before anything else: its failure fails the module's load
+    (
+        re.compile(r"nvidia-nvlink: Failed to initialize driver(?: : (?P<rc>-?\d{1,10}))?"),
+        "the NVLink core failed to initialise {rc}",
+    ),
     (
         re.compile(r"NVRM: (?:GPU (?P<bus>" + _BUS + r"): )?RmInitAdapter failed!\s*(?P<rc>\S*)"),
         "RmInitAdapter failed {rc}",
@@ -152,19 +158,41 @@ OPEN_MODULE_UNSUPPORTED = re.compile(
 # by open / nvidia.ko because it does not include the required GPU / System Processor
 # (GSP)." (NVIDIA/open-gpu-kernel-modules#322); the GPU is named on the first line
 OPEN_MODULE_NO_GSP = re.compile(r"does not include the required GPU")
+# ... and a GPU this driver release does not support at all (osapi.c, 595.45.04 line 3747):
+# "NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2330) / installed in this system is not
+# supported by the / NVIDIA 550.90.07 driver release." (NVIDIA/nvtrust#55)
+RELEASE_UNSUPPORTED = re.compile(r"installed in this system is not supported by the\b")
+# Lines that say why the next "RmInitAdapter failed!" happens, printed by RmInitAdapter
+# itself before it names the GPU (osinit.c): they are that failure's first line, not a
+# failure of their own. The open module declining a GeForce GPU is kept as its own flag.
+INIT_CAUSE_LINES = 8  # the open module's notice is four lines; RmInitAdapter comes next
+INIT_CAUSES = (
+    (re.compile(r"Cannot initialize GSP firmware RM"), "GSP firmware RM could not start"),
+    (OPEN_MODULE_UNSUPPORTED, "only ready for Data Center GPUs"),
+)
 # GSP failures that come with no Xid number (src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c,
 # 595.45.04: _kgspIsHeartbeatTimedOut line 2303, _kgspRpcRecvPoll 2890/2894,
 # _kgspProcessRpcEvent 1444). "GPU6" is the driver's own GPU instance, not a PCI address
-# nor nvidia-smi's index. The "GSP Timeout" banner is left out: it comes with Xid 119.
+# nor nvidia-smi's index. Also "Max GSP-RM boot attempts exceeded: %u/%u" (kgspBootGspRm
+# line 5005, >= 575: GSP-RM never came up, RmInitAdapter fails next) and the "GSP Timeout"
+# banner of _kgspLogXid119 (line 2375), which comes with an Xid 119 line: rule
+# gsp-error-without-xid stays silent where that Xid is read, and speaks where the banner
+# is all that was kept.
 GSP_NO_XID = re.compile(
     r"NVRM: (?:GPU(?P<inst>\d{1,3}) )?(?:[A-Za-z_][\w]{0,63}: )?"
     r"(?P<what>GSP RM heartbeat timed out|LibOS heartbeat timed out|Heartbeat timed out"
-    r"|Attempted to process RPC event .{0,160}?without API lock)"
+    r"|Attempted to process RPC event .{0,160}?without API lock"
+    r"|Max GSP-RM boot attempts exceeded|(?:\*{4,40} )?GSP Timeout \*{4,40})"
 )
+_GSP_HINTS = ("eartbeat timed out", "without API lock", "GSP-RM boot attempts", "GSP Timeout")
+_GSP_KINDS = {"Attempted": "rpc_without_api_lock", "Max": "boot_attempts_exceeded"}
 SECURE_BOOT = (
     re.compile(r"Lockdown: (?P<process>[^:]{1,64}): unsigned module loading is restricted"),
+    # kernel/module/signing.c module_sig_check(): "Loading of %s is rejected" with the
+    # reasons "unsigned module", "module with unavailable key", "module with unsupported crypto"
     re.compile(
-        r"Loading of (?:unsigned module|module with unavailable key) is (?:rejected|restricted)"
+        r"Loading of (?:unsigned module|module with (?:unavailable key|unsupported crypto))"
+        r" is (?:rejected|restricted)"
     ),
 )
 OOM_KILL_INFO = re.compile(
@@ -180,6 +208,18 @@ AER = re.compile(
     r"(?:AER: )?PCIe Bus Error: "
     r"severity=(?P<sev>[^,]+)(?:, type=(?P<type>[^,]+))?"
 )
+# The port's line naming where an uncorrectable error came from (drivers/pci/pcie/aer.c
+# aer_print_port_info()): "pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received:
+# id=0010", "... AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0", newer
+# kernels "AER: Uncorrectable (Non-Fatal) error message received from 0000:80:1b.4". It
+# comes before the "PCIe Bus Error" line, which a paste or a ring that wrapped may lack.
+# Corrected errors are left out: only their rate matters (PCIE_REPLAY_RATE_HIGH).
+_BDF = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
+AER_SOURCE = re.compile(
+    r"(?P<driver>[\w-]{1,32}) (?P<bus>" + _BDF + r"): (?:AER: )?(?:Multiple )?"
+    r"(?P<sev>Uncorrect(?:ed|able) \((?:Fatal|Non-Fatal)\)) error (?:message )?received"
+    r"(?:: (?P<src>" + _BDF + r")| from (?P<src2>" + _BDF + r"))?"
+)
 # AER recovery (drivers/pci/pcie/err.c pcie_do_recovery, printed on the port above the
 # device: "pcieport 0000:00:03.0: AER: device recovery failed"), and the GPU's own part in
 # it: "nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)", older
@@ -192,7 +232,7 @@ AER_RECOVERY = re.compile(
 )
 NCCL_SEGFAULT = re.compile(
     r"(?P<process>[^\s\[\]]{1,64})\[(?P<pid>\d+)\]: segfault at (?P<addr>[0-9a-fA-F]+)"
-    r".*? in (?P<lib>(?:libnccl|libcuda|libnvidia-|libcudart|libcublas)[^\s\[]*)"
+    r".*? in (?P<lib>(?:libnccl|libcuda|libnvidia-|libcudart|libcublas|libcudnn)[^\s\[]*)"
 )
 # Host-kernel failures that stall or stop a serving host (kernel/hung_task.c,
 # kernel/watchdog.c, kernel/panic.c): no NVIDIA code names them, and moptd does not guess
@@ -391,6 +431,8 @@ class KernelMatcher:
         self._api_lines: list[str] = []  # an API mismatch message read so far
         self._sxid_open: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self._open_unsupported = False  # the open module's notice, for the next RmInitAdapter
+        self._init_cause: tuple[str, str] | None = None  # (line, why) for the next RmInitAdapter
+        self._init_cause_age = 0  # NVRM lines since: a cause is kept for INIT_CAUSE_LINES only
         self._nvlink_core_bare = False  # the NVLink core registered, no NVRM line since
 
     def feed(self, text: str) -> list[Match]:
@@ -476,6 +518,9 @@ class KernelMatcher:
 
     def _nvrm(self, line: str) -> list[Match]:
         self._recent.append(line)
+        self._init_cause_age += 1
+        if self._init_cause_age > INIT_CAUSE_LINES:
+            self._init_cause = None  # its RmInitAdapter line never came: not a later one's
         fields = parse_xid(line)
         if fields is not None:
             return [Match("kernel.xid", fields, line)]
@@ -503,6 +548,20 @@ class KernelMatcher:
                 }
                 return [Match("kernel.gpu_fallen_off_bus", fields, window[head.start() :])]
             return []
+        if RELEASE_UNSUPPORTED.search(line):
+            window = "\n".join(self._recent)
+            head = FALLEN_HEAD.search(window)
+            if head is None:
+                return []
+            self._recent.clear()
+            fields = {
+                "module": "nvidia",
+                "reason": "not supported by this driver release",
+                "pci_bus_id": pci_key(head.group("bus")),
+                "open_module_unsupported": False,
+                "release_unsupported": True,
+            }
+            return [Match("kernel.module_load_failure", fields, window[head.start() :])]
         if OPEN_MODULE_NO_GSP.search(line):
             window = "\n".join(self._recent)
             head = FALLEN_HEAD.search(window)
@@ -528,14 +587,18 @@ class KernelMatcher:
         if API_HEAD.search(line):
             self._api_lines = [line]
             return self._api_mismatch(final=False)
-        if OPEN_MODULE_UNSUPPORTED.search(line):
-            self._open_unsupported = True
-            return []
-        if "eartbeat timed out" in line or "without API lock" in line:
+        for rx, why in INIT_CAUSES:
+            if rx.search(line):
+                self._open_unsupported |= rx is OPEN_MODULE_UNSUPPORTED
+                self._init_cause, self._init_cause_age = (line, why), 0
+                return []
+        if any(k in line for k in _GSP_HINTS):
             m = GSP_NO_XID.search(line)
             if m is not None:
                 what = m.group("what")
-                kind = "rpc_without_api_lock" if what.startswith("Attempted") else "heartbeat"
+                kind = _GSP_KINDS.get(what.split(" ", 1)[0], "heartbeat")
+                if "GSP Timeout" in what:
+                    kind = "rpc_timeout"
                 inst = m.group("inst")
                 fields = {"kind": kind, "rm_gpu": None if inst is None else int(inst)}
                 return [Match("kernel.gsp_error", fields, line)]
@@ -570,11 +633,15 @@ class KernelMatcher:
                 if groups.get("bus"):
                     fields["pci_bus_id"] = pci_key(groups["bus"])
                 if "RmInitAdapter" in reason:
-                    # why this GPU was not initialised: the open module does not drive it
+                    # why this GPU was not initialised: the open module does not drive it,
+                    # or GSP-RM did not start; the line that said so is part of the evidence
                     fields["open_module_unsupported"] = self._open_unsupported
-                    if self._open_unsupported:
-                        fields["reason"] = "only ready for Data Center GPUs: " + fields["reason"]
                     self._open_unsupported = False
+                    if self._init_cause is not None:
+                        cause, why = self._init_cause
+                        self._init_cause = None
+                        fields["reason"] = f"{why}: {fields['reason']}"
+                        return [Match("kernel.module_load_failure", fields, f"{cause}\n{line}")]
                 return [Match("kernel.module_load_failure", fields, line)]
         return []
 
@@ -614,6 +681,18 @@ class KernelMatcher:
                 "severity": _aer_severity(m.group("sev")),
                 "type": (m.group("type") or "").strip(),
                 "driver": m.group("driver") or "",
+            }
+            return [Match("kernel.pcie_aer", fields, line)]
+        if "error received" in line or "error message received" in line:
+            m = AER_SOURCE.search(line)
+            if m is None:
+                return []
+            fields = {
+                "pci_bus_id": pci_key(m.group("bus")),
+                "severity": _aer_severity(m.group("sev")),
+                "type": "",
+                "driver": m.group("driver"),
+                "source": pci_key(m.group("src") or m.group("src2") or ""),
             }
             return [Match("kernel.pcie_aer", fields, line)]
         if "recover" in line or "AER-aware" in line:

@@ -7,7 +7,13 @@ keeps the level, or, where it does not or the emitter is the NVIDIA module, its 
 it failed. The NVIDIA module's level says nothing: nv_printf() prints every NV_PRINTF line
 with KERN_CONT, so all of them, errors included, arrive at the default level, warn
 (kernel-open/nvidia/os-interface.c, 595.45.04); the Xid lines of the fixtures are
-"kern :warn". Known-harmless lines are listed in BENIGN with their source.
+"kern :warn".
+
+Which messages are harmless and which are errors moptd does not classify is declared once,
+in the emitter catalogs (moptd/catalog/emitters/nvidia-kernel.yaml, linux-kernel.yaml: each
+message with its source): a message catalogued ``benign`` is never quoted, one catalogued
+UNCLASSIFIED_ERROR is an error record even where its text has no failure word ("NVRM: No
+NVIDIA GPU found.").
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from typing import Any
+
+from moptd.catalog.emitters import BENIGN as _BENIGN_CODE
+from moptd.catalog.emitters import Message, catalogs
 
 # emitter id -> the start of its records
 _EMITTERS = (
@@ -36,15 +45,19 @@ _FAILED = re.compile(
     r"|\*ERROR\*",
     re.IGNORECASE,
 )
-# Harmless lines that read like failures. Each with where it was read.
-BENIGN = (
-    # module loader, permissive signature mode: the module loaded (kernel/module/signing.c;
-    # /work/shared/reference/emitters.md section 11)
-    re.compile(r"module verification failed: signature and/or required key missing"),
-    # a notice that the Xid 119 prints of a GSP RPC storm are thinned out: the Xid lines
-    # are the evidence (src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c:2477, 595.45.04)
-    re.compile(r"Rate limiting GSP RPC error prints"),
-)
+# the catalogs whose messages a kernel record may carry (the records of nvidia.ko's parts,
+# and the kernel's own lines about the nvidia devices and modules)
+KERNEL_CATALOGS = ("nvidia-kernel", "linux-kernel")
+
+
+def _catalogued(code: str) -> tuple[Message, ...]:
+    cats = catalogs()
+    return tuple(m for e in KERNEL_CATALOGS for m in cats[e].messages if m.code == code)
+
+
+# Harmless lines that read like failures, and errors moptd knows it cannot classify.
+BENIGN = _catalogued(_BENIGN_CODE)
+KNOWN_UNCLASSIFIED = _catalogued("UNCLASSIFIED_ERROR")
 MAX_DISTINCT = 8  # distinct messages kept per emitter and subject
 MAX_KEYS = 64
 MAX_QUOTE = 200
@@ -59,8 +72,10 @@ def emitter_of(text: str) -> str | None:
 
 
 def is_error(level: int | None, text: str, emitter: str) -> bool:
-    if any(rx.search(text) for rx in BENIGN):
+    if any(m.found_in(text) for m in BENIGN):
         return False
+    if any(m.found_in(text) for m in KNOWN_UNCLASSIFIED):
+        return True
     if level is not None and level <= 3 and emitter not in ("nvrm",):
         return True
     return _FAILED.search(text) is not None
