@@ -54,6 +54,12 @@ def journal_argv(units: Sequence[str]) -> list[str]:
     return [*argv, "-b", "-o", "short-iso", "--no-pager"]
 
 
+def _no_entries(stdout: str, stderr: str) -> bool:
+    """journalctl --show-cursor exits 1 when the unit has no record: that is an answer (the
+    daemon logged nothing), unlike a journal that cannot be read (no files, no access)."""
+    return stdout.strip() == "-- No entries --" and "journal" not in stderr.lower()
+
+
 def _check_units(value: object) -> None:
     if not isinstance(value, list) or not all(isinstance(u, str) and u for u in value):
         raise OptionError("", "a list of systemd unit names")
@@ -93,46 +99,46 @@ class DaemonJournalCollector(Collector):
         self._file: tuple[int, int, int] | None = None  # (device, inode, offset read to)
 
     async def collect(self) -> Batch:
+        return await self.blocking(self.read)
+
+    def read(self) -> Batch:
+        """One pass over the journals and the log file (blocking: the collector's thread)."""
         b = Batch()
         now = self.ctx.clock.now()
         year = datetime.fromtimestamp(now, UTC).year
         units = [u for u in self.option("units") if isinstance(u, str)]
         engines = [u for u in self.option("container_units") if isinstance(u, str)]
         for unit in units:
-            text = await self._journal([unit])
-            emitter = UNIT_EMITTER.get(unit)
-            recs = parse_daemon_log(text, emitter, year)
+            recs = parse_daemon_log(self._journal([unit]), UNIT_EMITTER.get(unit), year)
             b.events.extend(self.reader.events(recs, f"journal:{unit}", now))
         if engines:
-            text = await self._journal(engines)
             # only nvidia-container-cli's lines: the engines' own records are not read
-            recs = [r for r in parse_daemon_log(text, None, year) if r.emitter == CONTAINER_CLI]
+            recs = parse_daemon_log(self._journal(engines), None, year)
+            recs = [r for r in recs if r.emitter == CONTAINER_CLI]
             b.events.extend(self.reader.events(recs, "journal:" + ",".join(engines), now))
-        log = self.option("fabricmanager_log")
+        log = str(self.option("fabricmanager_log") or "")
         if log:
-            text = await self.blocking(self._read_file, self._log_path(str(log)))
-            recs = parse_daemon_log(text, FABRICMANAGER, year)
-            b.events.extend(self.reader.events(recs, str(log), now))
+            recs = parse_daemon_log(self._read_file(self._log_path(log)), FABRICMANAGER, year)
+            b.events.extend(self.reader.events(recs, log, now))
         return b
 
     def _log_path(self, log: str) -> Path:
         return Path(log) if self.ctx.recorded else self.ctx.host_path(log)
 
-    async def _journal(self, units: list[str]) -> str:
+    def _journal(self, units: list[str]) -> str:
         argv = journal_argv(units)
         if self.ctx.recorded:
             source = self.ctx.source
             answer = source.run(argv) if source is not None else None
             return answer or ""
-        key = ",".join(units)
-        return await self.blocking(self._journalctl, key, argv)
+        return self._journalctl(",".join(units), argv)
 
     def _journalctl(self, key: str, argv: list[str]) -> str:
         exe = shutil.which("journalctl")
         if exe is None:
             raise Unavailable("journalctl not found: the NVIDIA daemons' journals cannot be read")
         cursor = self._cursors.get(key)
-        args = [exe, *argv[1:], "--show-cursor", "-q"]
+        args = [exe, *argv[1:], "--show-cursor"]
         if cursor:
             args = [a for a in args if a != "-b"] + ["--after-cursor", cursor]
         else:
@@ -146,7 +152,7 @@ class DaemonJournalCollector(Collector):
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"journalctl -u {key}: no answer in {JOURNAL_TIMEOUT:g} s") from None
-        if res.returncode != 0:
+        if res.returncode != 0 and not _no_entries(res.stdout, res.stderr):
             why = res.stderr.strip().splitlines()[-1:] or [f"exit status {res.returncode}"]
             raise RuntimeError(f"journalctl -u {key}: {why[0][:200]}")
         lines = res.stdout.splitlines()

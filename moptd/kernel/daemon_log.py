@@ -172,6 +172,8 @@ class Reader:
                 "message": rec.message[:200],
                 "source": source,
             }
+            if msg is not None:
+                fields["matched"] = msg.text  # the catalog entry (rules may tell entries apart)
             if rec.level:
                 fields["level"] = rec.level
             elif msg is not None and msg.level:
