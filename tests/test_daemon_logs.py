@@ -274,13 +274,35 @@ def test_without_journalctl_the_collector_is_unavailable(
 
 @pytest.mark.skipif(shutil.which("journalctl") is None, reason="journalctl not installed")
 def test_a_journal_that_cannot_be_read_is_said_not_empty(tmp_path: Path) -> None:
-    """journalctl itself, over a host root without a journal: its refusal is the pass's
-    failure (moptd status shows it), never an empty all-clear."""
+    """journalctl itself, over a host root without a journal: its refusal makes the
+    collector unavailable with the reason (moptd status shows it; the rules read unknown),
+    never an empty all-clear."""
     assert not (tmp_path / "var/log/journal").exists()
     c = _collector(tmp_path, units=["nvidia-fabricmanager"], fabricmanager_log="")
     try:
-        with pytest.raises(RuntimeError, match="journalctl -u nvidia-fabricmanager: "):
+        with pytest.raises(Unavailable, match="journalctl -u nvidia-fabricmanager: "):
             asyncio.run(c.collect())
     finally:
         asyncio.run(c.stop())
     assert os.environ.get("PATH")
+
+
+def _no_journal_here() -> bool:
+    kept = [Path("/var/log/journal"), Path("/run/log/journal")]
+    return shutil.which("journalctl") is not None and not any(
+        p.is_dir() and any(p.rglob("*.journal")) for p in kept
+    )
+
+
+@pytest.mark.skipif(not _no_journal_here(), reason="this host keeps a journal")
+def test_record_notes_a_journal_it_could_not_read(tmp_path: Path) -> None:
+    """journalctl prints "-- No entries --" and exits 0 where no journal exists at all:
+    `moptd record` notes that instead of writing an empty (healthy-looking) journal."""
+    from moptd.record.writer import Recorder, RecordOptions
+
+    opts = RecordOptions(duration=0.0, interval=1.0, kmsg=tmp_path / "no-kmsg")
+    result = Recorder(opts).record(tmp_path / "bundle")
+    assert not (tmp_path / "bundle/host/journal").exists()
+    assert any(
+        n.startswith("host/journal/nvidia-fabricmanager.txt: `journalctl") for n in result.notes
+    )

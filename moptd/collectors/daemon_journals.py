@@ -11,9 +11,11 @@ pass before ended at. The log file is read from where the last pass stopped (fro
 Over a bundle (``recorded``), the Source answers the same journalctl calls from the
 bundle's files (moptd.bundle.sources) and ``fabricmanager_log`` names the bundle's copy.
 
-A source that cannot be read is said: without journalctl the collector is unavailable with
-the reason; a journalctl that fails, or a log file that exists but cannot be read, fails
-the pass with the reason (`moptd status`), never an empty all-clear. A log file that does
+A source that cannot be read is said: without journalctl, or when journalctl cannot read a
+journal (none kept, none mounted under the host root), the collector is unavailable with the
+reason (`moptd status`; the rules read its namespace as unknown); a journalctl that does not
+answer, or a log file that exists but cannot be read, fails the pass with the reason. Never
+an empty all-clear. A log file that does
 not exist is a host without Fabric Manager (or one that logs to the journal only).
 """
 
@@ -153,8 +155,11 @@ class DaemonJournalCollector(Collector):
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"journalctl -u {key}: no answer in {JOURNAL_TIMEOUT:g} s") from None
         if res.returncode != 0 and not _no_entries(res.stdout, res.stderr):
+            # no journal here (none kept, not mounted under the host root, no access): the
+            # source is unavailable, which `moptd status` shows with this reason and the
+            # rules read as unknown, never as an empty (healthy) journal
             why = res.stderr.strip().splitlines()[-1:] or [f"exit status {res.returncode}"]
-            raise RuntimeError(f"journalctl -u {key}: {why[0][:200]}")
+            raise Unavailable(f"journalctl -u {key}: {why[0][:200]}")
         lines = res.stdout.splitlines()
         if lines and lines[-1].startswith(CURSOR_MARK):
             self._cursors[key] = lines.pop()[len(CURSOR_MARK) :].strip()

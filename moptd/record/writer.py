@@ -394,14 +394,35 @@ class Recorder:
             self.notes.append(f"{JOURNAL_NOTE}: journalctl not installed")
         else:
             for unit, rel in DAEMON_JOURNALS.items():
-                self._tool(root, journal_argv([unit]), rel)
-            out = _run(journal_argv(list(CONTAINER_UNITS)))
+                out = self._journal(journal_argv([unit]), rel)
+                if out is not None:
+                    self._write(root, rel, out)
+            out = self._journal(journal_argv(list(CONTAINER_UNITS)), CONTAINER_CLI_ERRORS)
             lines = [x for x in (out or "").splitlines() if "nvidia-container-cli: " in x]
             if lines:
                 self._write(root, CONTAINER_CLI_ERRORS, "".join(x + "\n" for x in lines))
         self._copy(
             root, Path(FM_LOG_PATH), FABRICMANAGER_LOG, "Fabric Manager log", tail=MAX_DAEMON_LOG
         )
+
+    def _journal(self, argv: list[str], rel: str) -> str | None:
+        """journalctl's output, or None with a note: journalctl prints "-- No entries --"
+        and exits 0 where it found no journal at all (it says so on stderr only), which
+        written down would read as a daemon that logged nothing."""
+        try:
+            res = subprocess.run(
+                argv, capture_output=True, text=True, errors="replace",
+                timeout=TOOL_TIMEOUT, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.notes.append(f"{rel}: `{' '.join(argv)}` failed: {exc}")
+            return None
+        err = res.stderr.strip().splitlines()
+        if res.returncode != 0 or any("journal" in x.lower() for x in err):
+            why = err[-1] if err else f"exit status {res.returncode}"
+            self.notes.append(f"{rel}: `{' '.join(argv)}`: {why[:200]}")
+            return None
+        return res.stdout
 
     def _host_end(self, root: Path) -> None:
         proc = self.opts.procfs
