@@ -12,8 +12,8 @@ SIGNALS = [
         "Fabric Manager's log file) or nvidia-container-cli (the container engines' "
         "journals, a pasted error): emitter, diagnosis (the code its emitter catalog, "
         "moptd/catalog/emitters/, gives the message, or UNCLASSIFIED_ERROR for an error no "
-        "entry knows), matched (the catalog entry's text), message, level where the record "
-        "or the catalog has one, source (the unit's journal or the file), line; "
+        "entry knows; diagnoses: the same as a list, as kernel.xid's), matched (the catalog "
+        "entry's text), message, level where the record or the catalog has one, source (the unit's journal or the file), line; "
         "messages/more tally an emitter's unclassified messages (moptd/kernel/daemon_log.py).",
         "node",
         None,
@@ -22,6 +22,7 @@ SIGNALS = [
         (
             "emitter",
             "diagnosis",
+            "diagnoses",
             "matched",
             "message",
             "level",

@@ -169,6 +169,7 @@ class Reader:
             fields: dict[str, object] = {
                 "emitter": rec.emitter,
                 "diagnosis": code,
+                "diagnoses": [code],  # explain shows a finding the events of its own code
                 "message": rec.message[:200],
                 "source": source,
             }
