@@ -13,8 +13,9 @@ SIGNALS = [
         "journals, a pasted error): emitter, diagnosis (the code its emitter catalog, "
         "moptd/catalog/emitters/, gives the message, or UNCLASSIFIED_ERROR for an error no "
         "entry knows; diagnoses: the same as a list, as kernel.xid's), matched (the catalog "
-        "entry's text), message, level where the record or the catalog has one, source (the unit's journal or the file), line; "
-        "messages/more tally an emitter's unclassified messages (moptd/kernel/daemon_log.py).",
+        "entry's text), message, level where the record or the catalog has one, source "
+        "(the unit's journal or the file), line; messages/more tally an emitter's "
+        "unclassified messages (moptd/kernel/daemon_log.py).",
         "node",
         None,
         (),
