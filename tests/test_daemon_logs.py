@@ -133,6 +133,20 @@ def test_container_cli_regex_stays_linear(tail: str) -> None:
     assert rec.message.startswith("mount error:")
 
 
+@pytest.mark.parametrize("tail", ["\\", "\\n", " ", '"', ": unknown"])
+def test_a_pathological_wrapping_costs_linear_time(tail: str) -> None:
+    """Thousands of escapes, quotes or blanks after the message (a regex with a lazy
+    message and a greedy tail took minutes on 8000 blanks): stripped in one pass."""
+    import time
+
+    line = "nvidia-container-cli: mount error: " + tail * (8192 // len(tail)) + "x"
+    started = time.perf_counter()
+    rec = parse_line(line)
+    assert time.perf_counter() - started < 0.5
+    assert rec is not None
+    assert rec.message.startswith("mount error: ")
+
+
 # --- replay: bundles and pastes ---------------------------------------------------------
 
 

@@ -62,10 +62,10 @@ _FM_FILE = re.compile(
 )
 # "nvidia-container-cli: initialization error: nvml error: driver not loaded", inside
 # whatever wraps it; the message runs to the engine's ": unknown." or the line's end
-_CLI = re.compile(
-    r"nvidia-container-cli: (?P<msg>[a-z]+ error:(?: .*?)?)"
-    r"(?:(?:\\+n|\\+\"|\"|'|\s)*(?::\s*unknown)?[.\"'\\]*\s*)$"
-)
+CLI_MARK = "nvidia-container-cli: "
+_CLI_STAGE = re.compile(r"[a-z]{1,20} error:")
+# what docker and runc put after the hook's stderr: escaped newlines and quotes, ": unknown."
+_WRAP_CHARS = " \t.\"'\\"
 # syslog priorities by name (journalctl -o verbose / rsyslog templates keep none in short
 # forms: the level is then the catalog's, or the failure words below)
 _ERROR_LEVELS = frozenset({"ERROR", "ERR", "CRITICAL", "CRIT", "FATAL", "ALERT", "EMERG"})
@@ -99,10 +99,9 @@ def parse_line(
     line = line.rstrip("\r\n")[:MAX_LINE]
     if not line.strip() or line.startswith("-- "):
         return None
-    cli = _CLI.search(line) if "nvidia-container-cli: " in line else None
+    cli = _cli_message(line)
     if cli is not None:
-        t = _stamp(line, year)
-        return DaemonRecord(CONTAINER_CLI, _cap(cli.group("msg")), "", t, line_no)
+        return DaemonRecord(CONTAINER_CLI, _cap(cli), "", _stamp(line, year), line_no)
     m = _FM_FILE.match(line)
     if m is not None:
         t = _fm_time(m.group("ts"))
@@ -187,6 +186,26 @@ class Reader:
             t = rec.t if rec.t is not None else default_t
             out.append(Event(STREAM, NODE, t, fields, rec.message))
         return out
+
+
+def _cli_message(line: str) -> str | None:
+    """The CLI's message in a line, without the engine's wrapping; None when the line has
+    none. No regex runs past the stage word: the unwrapping is a linear strip."""
+    at = line.find(CLI_MARK)
+    if at < 0:
+        return None
+    msg = line[at + len(CLI_MARK) :]
+    if _CLI_STAGE.match(msg) is None:
+        return None
+    while True:
+        before = msg
+        msg = msg.rstrip(_WRAP_CHARS)
+        if msg.endswith(": unknown"):
+            msg = msg[: -len(": unknown")]
+        elif msg.endswith("\\n"):  # an escaped newline ("\\n", as runc quotes stderr)
+            msg = msg[:-1]
+        if msg == before:
+            return msg
 
 
 def _cap(text: str) -> str:
