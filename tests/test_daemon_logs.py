@@ -211,6 +211,27 @@ def test_persistenced_lines_inside_a_pasted_whole_journal(tmp_path: Path) -> Non
     assert [e["kind"] for e in read] == ["kernel-log"]
 
 
+def test_persistenced_failure_inside_a_pasted_syslog() -> None:
+    """Ubuntu Forums (T420): the syslog lines are a kernel-log paste; persistenced's
+    "Failed to query NVIDIA devices" in it is read as DEVICE_NODE_PROBLEM."""
+    text = (LOGS / "persistenced-t420-ubuntuforums.syslog").read_bytes()
+    codes, read = _replay(["-"], stdin=text)
+    assert [e["kind"] for e in read] == ["kernel-log"]
+    assert codes == {"DEVICE_NODE_PROBLEM"}
+
+
+def test_the_daemons_lines_pasted_without_the_stamp() -> None:
+    """The same lines with the syslog stamp and host cut ("nvidia-persistenced: ..."): a
+    paste of the daemon's own kind, laid as its journal."""
+    lines = (LOGS / "persistenced-t420-ubuntuforums.syslog").read_text().splitlines()
+    bare = "".join(line.split(" laurie-ThinkPad-T420s ", 1)[1] + "\n" for line in lines)
+    codes, read = _replay(["-"], stdin=bare.encode())
+    assert [(e["kind"], e.get("as")) for e in read] == [
+        ("journal-nvidia-persistenced", "host/journal/nvidia-persistenced.txt")
+    ]
+    assert codes == {"DEVICE_NODE_PROBLEM"}
+
+
 def test_a_pasted_container_cli_error_is_read_not_refused() -> None:
     text = (LOGS / "container-cli-docker.txt").read_bytes()
     codes, read = _replay(["-"], stdin=text)

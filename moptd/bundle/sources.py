@@ -191,8 +191,6 @@ def daemon_log_events(
     log = root / FABRICMANAGER_LOG
     if log.is_file():
         held.append(FABRICMANAGER_LOG)
-    if not held:
-        return [], []
     source = BundleSource(root, {}, None, identities)
     options = {
         "fabricmanager_log": str(log) if log.is_file() else "",

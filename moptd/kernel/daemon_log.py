@@ -55,6 +55,9 @@ _JOURNAL = (
     (re.compile(rf"{_ISO_TS} (?:\S+ )?{_TAG}"), "iso"),
     (re.compile(rf"{_SHORT_TS} (?:\S+ )?{_TAG}"), "short"),
 )
+# the program's tag alone, as a paste without the journal's stamp keeps it, or Talos's
+# syslogd "content" ("nvidia-persistenced: Started (14)"): these programs only
+_TAG_ONLY = re.compile(_TAG)
 # Fabric Manager's log file: "[Apr 29 2025 13:55:26] [ERROR] [tid 841] msg"
 _FM_FILE = re.compile(
     r"\[(?P<ts>[A-Z][a-z]{2} [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[(?P<level>[A-Z]+)\] "
@@ -115,6 +118,10 @@ def parse_line(
             return None  # systemd's, the kernel's, another program's line
         t = _iso_time(m.group("ts")) if kind == "iso" else _short(m.group("ts"), year)
         return DaemonRecord(own, _cap(m.group("msg").strip()), "", t, line_no)
+    m = _TAG_ONLY.match(line)
+    own = _PROGRAMS.get(m.group("tag")) if m is not None else None
+    if m is not None and own is not None:
+        return DaemonRecord(own, _cap(m.group("msg").strip()), "", None, line_no)
     if emitter is not None and emitter != CONTAINER_CLI:
         return DaemonRecord(emitter, _cap(line.rstrip()), "", None, line_no)
     return None
