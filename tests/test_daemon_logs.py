@@ -341,3 +341,19 @@ def test_record_notes_a_journal_it_could_not_read(tmp_path: Path) -> None:
     assert any(
         n.startswith("host/journal/nvidia-fabricmanager.txt: `journalctl") for n in result.notes
     )
+
+
+def test_the_rules_name_catalog_entries_that_exist() -> None:
+    """A rule that tells catalog entries apart (`matched == "..."`) names an entry's text;
+    an edited catalog text would otherwise leave the rule matching nothing, silently."""
+    import re
+
+    from moptd.catalog.emitters import catalogs
+
+    texts = {m.text for e in catalogs().values() for m in e.messages}
+    rules = Path(__file__).parent.parent / "rules" / "driver"
+    named = []
+    for f in ("fabric-manager.rules.yaml", "daemon-logs.rules.yaml"):
+        named += re.findall(r'matched == "((?:[^"\\]|\\.)*)"', (rules / f).read_text())
+    assert named
+    assert set(named) <= texts
