@@ -173,7 +173,6 @@ class CollectorContext:
     xids: XidCounter | None = None  # None: the collector counts on its own
     host_root: Path = Path("/")  # where the host's / is: /host in a container (host_path)
 
-
     def host_path(self, path: Path | str) -> Path:
         """Where a host path (/etc/..., /dev/..., /proc/..., /sys/...) lives under this
         context's roots; other paths as they are, or, with a host root (the host's / mounted

@@ -175,9 +175,12 @@ SCHEMA: dict[str, Any] = {
         "sysfs": ((str, type(None)), None, "Root of sysfs; null: HOST_ROOT/sys."),
     },
     "rules": {
-        "paths": ((list, type(None)), None,
-                  "Rule files or directories, in order; later ones override earlier rules by "
-                  "id. null: the shipped rules, then /etc/moptd/rules.d when it exists."),
+        "paths": (
+            (list, type(None)),
+            None,
+            "Rule files or directories, in order; later ones override earlier rules by "
+            "id. null: the shipped rules, then /etc/moptd/rules.d when it exists.",
+        ),
         "interval": ((str, int, float), "1s", "Time between rule evaluations: 100ms to 1d."),
         "tick_budget": (
             (str, int, float),

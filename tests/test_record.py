@@ -39,6 +39,10 @@ SPEC_FILES = {  # docs/bundle.md: every file a recorder may write
     "container/daemon.json",
     "container/toolkit_version.txt",
     "versions.json",
+    "host/journal/nvidia-fabricmanager.txt",
+    "host/journal/nvidia-persistenced.txt",
+    "host/fabricmanager.log",
+    "container/cli_errors.txt",
 }
 
 

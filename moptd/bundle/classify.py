@@ -52,6 +52,9 @@ LABELS: dict[str, str] = {
     "prometheus": "/metrics scrape",
     "moptd-samples": "moptd NVML samples",
     "fabricmanager-log": "NVIDIA Fabric Manager log",
+    "container-cli": "nvidia-container-cli error",
+    "journal-nvidia-fabricmanager": "NVIDIA Fabric Manager journal",
+    "journal-nvidia-persistenced": "nvidia-persistenced journal",
     "prose": "text",
     "skipped": "not read",
 }
@@ -139,6 +142,16 @@ _STARTS: tuple[tuple[str, str], ...] = (
         # the container toolkit's hook, alone or inside docker's error
         r"|.{0,400}?nvidia-container-cli: initiali[sz]ation error: nvml error: ",
     ),
+    # its other refusals, alone or inside the engine's error or journal line (docker's
+    # "... stderr: nvidia-container-cli: mount error: ...: unknown."): moptd.kernel.daemon_log
+    ("container-cli", r".{0,1000}?nvidia-container-cli: [a-z]{1,20} error:"),
+    # the daemons' journal lines without the journal's stamp (with it they are a kernel-log
+    # paste, whose daemon lines are read too): moptd.kernel.daemon_log
+    (
+        "journal-nvidia-fabricmanager",
+        r"(?:nv-fabricmanager|nvidia-fabricmanager-start\.sh)(?:\[\d{1,10}\])?: ",
+    ),
+    ("journal-nvidia-persistenced", r"nvidia-persistenced(?:\[\d{1,10}\])?: "),
     ("driver-version", r"NVRM version: "),
     (
         "modprobe",

@@ -269,9 +269,6 @@ def _place(
             reason=f"past {classify.MAX_SECTIONS} sections, not read; pass the pastes as files",
         )
         return entry
-    if s.kind == "fabricmanager-log":
-        entry.update(used=False, whole=False, reason="moptd does not read Fabric Manager's log")
-        return entry
     if s.kind == "prometheus":
         entry.update(
             used=False,

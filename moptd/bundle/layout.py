@@ -9,7 +9,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from moptd.bundle.sources import CDI, DEV_NODES, DF, DKMS, FILES, GUEST_LIBS, TOOLKIT, WSL_LIB
+from moptd.bundle.sources import (
+    CDI,
+    CONTAINER_CLI_ERRORS,
+    DAEMON_JOURNALS,
+    DEV_NODES,
+    DF,
+    DKMS,
+    FABRICMANAGER_LOG,
+    FILES,
+    GUEST_LIBS,
+    TOOLKIT,
+    WSL_LIB,
+)
 
 KERNEL_LOG = "kernel/dmesg.txt"
 MODPROBE = "kernel/modprobe.txt"
@@ -30,6 +42,9 @@ DEST: dict[str, str] = {
     "swappiness": "host/swappiness",
     "df": DF,
     "moptd-samples": SAMPLES,
+    "fabricmanager-log": FABRICMANAGER_LOG,
+    "container-cli": CONTAINER_CLI_ERRORS,
+    **{f"journal-{unit}": rel for unit, rel in DAEMON_JOURNALS.items()},
 }
 NVSMI_SUFFIX = {
     "nvidia-smi-q": ".txt",
@@ -49,7 +64,7 @@ VERSIONS = "versions.json"  # moptd record's version-lock record (moptd/serving/
 SINGLE = frozenset(
     {rel for rel, _ in FILES}
     | {DF, DEV_NODES, DKMS, TOOLKIT, MODPROBE, SAMPLES, "host/listening.txt", VERSIONS}
-    | {WSL_LIB, GUEST_LIBS}
+    | {WSL_LIB, GUEST_LIBS, FABRICMANAGER_LOG, CONTAINER_CLI_ERRORS, *DAEMON_JOURNALS.values()}
 )
 # what a bundle may hold that is not evidence: kept, never read, never an error
 NOT_EVIDENCE = re.compile(r"(?:[^/]+\.md|expected\.yaml|\.gitkeep|\.gitattributes)$")
@@ -124,7 +139,11 @@ class Layout:
             return None, ""
         if dest == KERNEL_LOG:
             return self._write(self._free(dest), text, origin), ""
-        if dest == MODPROBE and dest in self.origins and self.origins[dest].copied:
+        if (
+            dest in (MODPROBE, CONTAINER_CLI_ERRORS)
+            and dest in self.origins
+            and self.origins[dest].copied
+        ):
             with (self.root / dest).open("a", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(text)
             return dest, ""

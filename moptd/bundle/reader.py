@@ -30,7 +30,7 @@ from moptd.batchpack import PACK_FROM, PackedBatch, pack, unpack
 from moptd.bundle.archive import open_bundle
 from moptd.bundle.errors import BundleError
 from moptd.bundle.meta import captured_at, read_meta, read_text
-from moptd.bundle.sources import collect_stack
+from moptd.bundle.sources import collect_stack, daemon_log_events
 from moptd.collector import GpuIdentities
 from moptd.collectors.versions import VersionsCollector, replay_context
 from moptd.diagnose.timeline import Observation, Timeline
@@ -104,6 +104,7 @@ def _read(root: Path, shown: Path) -> Timeline:
         first = tl.lazy_first if first is None else min(first, tl.lazy_first)
     stack = collect_stack(root, tl.missing, identities)
     _read_kernel(root, tl, identities, first, start)
+    _read_daemon_logs(root, tl, identities, start if start is not None else first)
     at = first if first is not None else 0.0
     tl.observations.extend((at, name, batch) for name, batch in stack)
     _read_versions(root / "versions.json", tl, at)
@@ -114,6 +115,15 @@ def _read(root: Path, shown: Path) -> Timeline:
     tl.observations.sort(key=lambda o: o[0])
     tl.events.sort(key=lambda e: e.t)
     return tl
+
+
+def _read_daemon_logs(
+    root: Path, tl: Timeline, identities: GpuIdentities, at: float | None
+) -> None:
+    """host/journal/*.txt, host/fabricmanager.log, container/cli_errors.txt: the
+    daemon_logs collector over them; its events keep their own times."""
+    events, _ = daemon_log_events(root, identities, at)
+    tl.events.extend(events)
 
 
 def _read_versions(path: Path, tl: Timeline, at: float) -> None:

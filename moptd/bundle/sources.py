@@ -25,16 +25,20 @@ import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from moptd.bundle.errors import BundleError
 from moptd.bundle.meta import read_text
+from moptd.clock import VirtualClock
 from moptd.collector import CollectorContext, DiskUsage, GpuIdentities
 from moptd.collectors import container, driver
 from moptd.collectors.container import ContainerCollector
+from moptd.collectors.daemon_journals import UNIT_EMITTER, DaemonJournalCollector, journal_argv
 from moptd.collectors.driver import DriverCollector
 from moptd.collectors.host import HostCollector
-from moptd.observations import Batch
+from moptd.kernel.daemon_log import EMITTERS, parse_daemon_log
+from moptd.observations import Batch, Event
 from moptd.proc import procfs, wsl
 
 # bundle file -> where a live host has it, under the tree's roots
@@ -57,6 +61,14 @@ CDI = "container/cdi"
 # libraries (ls, ldconfig -p, nvidia-container-cli's "selecting /path" lines)
 WSL_LIB = "host/wsl_lib.txt"
 GUEST_LIBS = "host/guest_libs.txt"
+# the NVIDIA daemons' journals (journalctl -u UNIT -b -o short-iso), Fabric Manager's own log
+# file, and nvidia-container-cli's errors as the container engines passed them on (their
+# journals' lines, docker's error): the daemon_logs collector's sources
+JOURNAL_DIR = "host/journal"
+DAEMON_JOURNALS = {unit: f"{JOURNAL_DIR}/{unit}.txt" for unit in UNIT_EMITTER}
+FABRICMANAGER_LOG = "host/fabricmanager.log"
+CONTAINER_CLI_ERRORS = "container/cli_errors.txt"
+CONTAINER_UNITS = ("docker", "containerd")
 # files whose absence is reported as missing evidence
 EXPECTED = (*(rel for rel, _ in FILES), DF, DEV_NODES, DKMS)
 # the tool runs a bundle holds the output of
@@ -64,6 +76,8 @@ _TOOLS: dict[tuple[str, ...], str] = {
     ("dkms", "status"): DKMS,
     ("nvidia-ctk", "--version"): TOOLKIT,
     ("nvidia-container-cli", "--version"): TOOLKIT,
+    **{tuple(journal_argv([unit])): rel for unit, rel in DAEMON_JOURNALS.items()},
+    tuple(journal_argv(list(CONTAINER_UNITS))): CONTAINER_CLI_ERRORS,
 }
 _DEV_LINE = re.compile(
     r"^(?P<mode>[-bcdlps][-rwxsStT]{9})\S*\s.*/dev/"
@@ -163,6 +177,39 @@ def collect_stack(
         finally:
             host.close()
     return [(name, b) for name, b in batches if b.samples]
+
+
+def daemon_log_events(
+    root: Path, identities: GpuIdentities, at: float | None
+) -> tuple[list[Event], list[str]]:
+    """The daemon_logs collector over the bundle's journals, Fabric Manager log and
+    container-cli errors: (its events, the files it read). ``at`` (captured_at, else the
+    first evidence's time) dates the year-less stamps and the lines with no time."""
+    held = [
+        rel for rel in (*DAEMON_JOURNALS.values(), CONTAINER_CLI_ERRORS) if (root / rel).is_file()
+    ]
+    log = root / FABRICMANAGER_LOG
+    if log.is_file():
+        held.append(FABRICMANAGER_LOG)
+    source = BundleSource(root, {}, None, identities)
+    options = {
+        "fabricmanager_log": str(log) if log.is_file() else "",
+        "container_units": list(CONTAINER_UNITS),
+    }
+    clock = VirtualClock(at or 0.0)
+    ctx = CollectorContext(options=options, source=source, recorded=True, clock=clock)
+    collector = DaemonJournalCollector(ctx)
+    events = collector.read().events
+    # a whole journal pasted as a kernel log (`journalctl -b`) holds the daemons' lines too:
+    # the kernel parser passes over them (another program's), they are read here
+    year = datetime.fromtimestamp(at or 0.0, UTC).year
+    for log in sorted((root / "kernel").glob("dmesg*.txt")):
+        recs = [r for r in parse_daemon_log(read_text(log), None, year) if r.emitter in EMITTERS]
+        if recs:
+            rel = log.relative_to(root).as_posix()
+            events.extend(collector.reader.events(recs, rel, at or 0.0))
+            held.append(rel)
+    return events, held
 
 
 def _context(

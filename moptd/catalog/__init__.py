@@ -7,7 +7,7 @@ declares its signals in its own module; ``CATALOG`` gathers them.
 
 from __future__ import annotations
 
-from moptd.catalog import cuda, daemon, gpu, host, kernel, serving
+from moptd.catalog import cuda, daemon, daemon_logs, gpu, host, kernel, serving
 from moptd.catalog.spec import (
     BUCKET_LABEL,
     HISTOGRAM_SUM,
@@ -33,6 +33,7 @@ __all__ = [
 CATALOG = Catalog(
     [
         *daemon.SIGNALS,
+        *daemon_logs.SIGNALS,
         *gpu.SIGNALS,
         *host.SIGNALS,
         *kernel.SIGNALS,

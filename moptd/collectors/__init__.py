@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # `moptd explain --bundle` a quarter of a second on each call.
 _NAMES = (
     ("container", "ContainerCollector"),
+    ("daemon_journals", "DaemonJournalCollector"),
     ("daemon_self", "DaemonSelfCollector"),
     ("driver", "DriverCollector"),
     ("host", "HostCollector"),

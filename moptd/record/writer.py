@@ -28,6 +28,14 @@ from typing import Any, BinaryIO
 
 import yaml
 
+from moptd.bundle.sources import (
+    CONTAINER_CLI_ERRORS,
+    CONTAINER_UNITS,
+    DAEMON_JOURNALS,
+    FABRICMANAGER_LOG,
+)
+from moptd.collectors.daemon_journals import FABRICMANAGER_LOG as FM_LOG_PATH
+from moptd.collectors.daemon_journals import journal_argv
 from moptd.collectors.driver import parse_module_version
 from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.nvsmi import NvsmiError, read_dump
@@ -50,6 +58,8 @@ VERSION_FILES = frozenset(
     {version_lock.FILE, "kernel/uname_r", "kernel/driver_version", "kernel/proc_modules"}
 )
 TOOL_TIMEOUT = 30.0
+MAX_DAEMON_LOG = 4 << 20  # bytes of /var/log/fabricmanager.log kept (its end)
+JOURNAL_NOTE = "host/journal"
 MAX_SCRAPE_BYTES = 8 << 20
 # A serving log can be days long; the last 64 MiB hold the incident and keep the bundle
 # under the size `moptd replay` accepts (moptd/cli/bundle_guard.py).
@@ -181,6 +191,7 @@ class Recorder:
             self._sample_loop(root, started)
             self.progress("kernel log", 0.95)
             self._kernel_log(root)
+            self._daemon_logs(root)
             self._host_end(root)
             self._versions(root)
             self._meta(root, started)
@@ -373,6 +384,45 @@ class Recorder:
             )
             return
         self._write(root, "kernel/dmesg.txt", "".join(r + "\n" for r in records))
+
+    def _daemon_logs(self, root: Path) -> None:
+        """The NVIDIA daemons' journals of this boot, Fabric Manager's log file (its last
+        MAX_DAEMON_LOG bytes), and the container engines' journal lines that carry
+        nvidia-container-cli's errors (only those: the rest of the engines' records is
+        not moptd's to keep)."""
+        if shutil.which("journalctl") is None:
+            self.notes.append(f"{JOURNAL_NOTE}: journalctl not installed")
+        else:
+            for unit, rel in DAEMON_JOURNALS.items():
+                out = self._journal(journal_argv([unit]), rel)
+                if out is not None:
+                    self._write(root, rel, out)
+            out = self._journal(journal_argv(list(CONTAINER_UNITS)), CONTAINER_CLI_ERRORS)
+            lines = [x for x in (out or "").splitlines() if "nvidia-container-cli: " in x]
+            if lines:
+                self._write(root, CONTAINER_CLI_ERRORS, "".join(x + "\n" for x in lines))
+        self._copy(
+            root, Path(FM_LOG_PATH), FABRICMANAGER_LOG, "Fabric Manager log", tail=MAX_DAEMON_LOG
+        )
+
+    def _journal(self, argv: list[str], rel: str) -> str | None:
+        """journalctl's output, or None with a note: journalctl prints "-- No entries --"
+        and exits 0 where it found no journal at all (it says so on stderr only), which
+        written down would read as a daemon that logged nothing."""
+        try:
+            res = subprocess.run(
+                argv, capture_output=True, text=True, errors="replace",
+                timeout=TOOL_TIMEOUT, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.notes.append(f"{rel}: `{' '.join(argv)}` failed: {exc}")
+            return None
+        err = res.stderr.strip().splitlines()
+        if res.returncode != 0 or any("journal" in x.lower() for x in err):
+            why = err[-1] if err else f"exit status {res.returncode}"
+            self.notes.append(f"{rel}: `{' '.join(argv)}`: {why[:200]}")
+            return None
+        return res.stdout
 
     def _host_end(self, root: Path) -> None:
         proc = self.opts.procfs
