@@ -54,6 +54,10 @@ HEADLESS = FIXTURES / (
 CHAINED = (
     FIXTURES / "incidents/vllm-v0-tp-worker-oom-nvml-zero-bytes-own-process/serving/vllm/log.txt"
 )
+# flashinfer#362: V0 workers run inside a Ray actor, two process tags in front
+RAY_V0 = FIXTURES / (
+    "incidents/vllm-v0-ray-flashinfer-workspace-alignedallocator/serving/vllm/log.txt"
+)
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -102,6 +106,26 @@ def test_a_ray_worker_death_under_vllm_is_an_engine_death() -> None:
     rec = LogState().record(line)
     assert rec is not None
     assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "ray_actor_died")
+
+
+def test_a_ray_actors_tag_before_a_v0_workers_tag_is_read_past() -> None:
+    lines = RAY_V0.read_text().splitlines()
+    final = split_record(lines[1])
+    assert (final.emitter, final.level, final.logger) == (
+        "vllm",
+        "ERROR",
+        "multiproc_worker_utils.py",
+    )
+    assert final.proc == "VllmWorkerProcess pid=1950430"
+    assert (
+        final.message == "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor"
+    )
+    # read, the log is no longer silent: its error record is quoted (it was "No findings")
+    state = LogState()
+    recs = [r for r in map(state.record, lines) if r is not None]
+    assert [(r.stream, r.fields["message"]) for r in recs] == [
+        (STREAM, "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor")
+    ]
 
 
 def test_a_log_viewers_bare_column_is_read_past() -> None:
@@ -233,6 +257,7 @@ _PREFIXES = st.sampled_from(
         "[TensorRT-LLM][ERROR] ",
         "E1220 01:42:16.589091 100348 model_lifecycle.cc:818] ",
         "\x1b[36m(VllmWorker rank=2 pid=225)\x1b[0m ",
+        "(VLLM pid=1950315) (VllmWorkerProcess pid=1950430) ERROR 07-07 13:43:36 x.py:1] ",
     ]
 )
 
