@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,15 @@ CHAINED = (
 # flashinfer#362: V0 workers run inside a Ray actor, two process tags in front
 RAY_V0 = FIXTURES / (
     "incidents/vllm-v0-ray-flashinfer-workspace-alignedallocator/serving/vllm/log.txt"
+)
+# sglang#34676: the KV-pool allocator's RuntimeError, fatal to every scheduler rank
+SGLANG_KV = (
+    FIXTURES / "incidents/sglang-prefill-oom-kv-pool-hybrid-mamba-ranks/serving/sglang/log.txt"
+)
+# sglang#10408 (description): the request-slot allocator's RuntimeError, quoted by the reporter
+SGLANG_SLOTS = (
+    "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for "
+    "`--max-running-requests`. self.req_to_token_pool.available_size()=1, num_reqs=2,"
 )
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
@@ -126,6 +136,14 @@ def test_a_ray_actors_tag_before_a_v0_workers_tag_is_read_past() -> None:
     assert [(r.stream, r.fields["message"]) for r in recs] == [
         (STREAM, "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor")
     ]
+
+
+@pytest.mark.parametrize("line", [SGLANG_KV.read_text().splitlines()[0], SGLANG_SLOTS])
+def test_sglangs_kv_pool_exhaustion_is_an_engine_death_not_a_cuda_oom(line: str) -> None:
+    # it was "No findings": the line has no record prefix and is no CUDA allocation
+    rec = LogState().record(line)
+    assert rec is not None
+    assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "sglang_kv_pool_exhausted")
 
 
 def test_a_log_viewers_bare_column_is_read_past() -> None:

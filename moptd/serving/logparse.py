@@ -141,6 +141,14 @@ def _engine_dead(msg: str) -> LogRecord | None:
         ("Got fatal signal from worker processes", "worker_died"),
         ("got fatal signal from worker processes", "worker_died"),
         ("It usually means one child failed", "sglang_child_failed"),
+        # SGLang's KV-pool and request-slot allocators when nothing is left to evict
+        # (managers/schedule_batch.py "Prefill out of memory. ..." then exit(1) in 0.1-0.4;
+        # mem_cache/common.py "Out of memory. ..." / "Prefill out of memory. ..." and
+        # "alloc_req_slots runs out of memory" raised as RuntimeError since): nothing in the
+        # scheduler catches them, the scheduler dies and SIGQUITs the server (sglang#26265,
+        # #34676, #10408). KV-cache accounting, not a CUDA allocation.
+        ("of memory. Try to lower your batch size", "sglang_kv_pool_exhausted"),
+        ("alloc_req_slots runs out of memory", "sglang_kv_pool_exhausted"),
     ):
         if needle in msg:
             return LogRecord("serving.engine_dead", {"kind": kind})
@@ -373,6 +381,8 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("output_handler failed", _engine_dead),
     ("fatal signal from worker", _engine_dead),
     ("child", _engine_dead),
+    ("Try to lower your batch size", _engine_dead),  # before "out of memory": not CUDA's
+    ("alloc_req_slots runs out", _engine_dead),
     ("atchdog timeout (", _hang),
     ("Watchdog", _hang),
     ("shared memory broadcast", _hang),
