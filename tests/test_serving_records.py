@@ -68,6 +68,8 @@ SGLANG_SLOTS = (
     "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for "
     "`--max-running-requests`. self.req_to_token_pool.available_size()=1, num_reqs=2,"
 )
+# guidance-ai/llgtrt#7: TensorRT's allocator and deserialiser out of memory under TensorRT-LLM
+TRT_OOM = FIXTURES / ("incidents/trtllm-engine-68gib-deserialize-oom-llgtrt/serving/trtllm/log.txt")
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -144,6 +146,17 @@ def test_sglangs_kv_pool_exhaustion_is_an_engine_death_not_a_cuda_oom(line: str)
     rec = LogState().record(line)
     assert rec is not None
     assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "sglang_kv_pool_exhausted")
+
+
+def test_tensorrts_allocator_out_of_memory_is_a_cuda_oom() -> None:
+    # it was quoted as unclassified, and the deserialisation failure after it read as an
+    # incompatible engine
+    state = LogState()
+    recs = [r for r in map(state.record, TRT_OOM.read_text().splitlines()) if r is not None]
+    kinds = [(r.stream, r.fields.get("form") or r.fields.get("kind")) for r in recs]
+    assert kinds[:3] == [("serving.cuda_oom", "tensorrt")] * 3
+    assert ("serving.cuda_error", "trt_deserialize_failed") in kinds
+    assert not [k for k in kinds if k[0] == STREAM]
 
 
 def test_a_log_viewers_bare_column_is_read_past() -> None:

@@ -241,6 +241,20 @@ def _oom(msg: str) -> LogRecord | None:
     return None if form is None else LogRecord("serving.cuda_oom", bare_fields(form))
 
 
+# TensorRT's allocator when cudaMalloc fails ("[defaultAllocator.cpp::allocate::31] Error
+# Code 1: Cuda Runtime (out of memory)") and its deserialiser then ("Error Code 2:
+# OutOfMemory (Requested size was N bytes.)"), as TensorRT-LLM's runtime logs them loading
+# an engine too large for the free memory (guidance-ai/llgtrt#7): a CUDA OOM, and the
+# "Failed to deserialize cuda engine" that follows is its consequence.
+_TRT_OOM = ("Cuda Runtime (out of memory)", "Error Code 2: OutOfMemory")
+
+
+def _trt_oom(msg: str) -> LogRecord | None:
+    if any(needle in msg for needle in _TRT_OOM):
+        return LogRecord("serving.cuda_oom", bare_fields("tensorrt"))
+    return None
+
+
 # CUDA errors that are neither an OOM nor the engine's own (substring, kind). The texts are
 # the CUDA runtime's (cudaGetErrorString, as PyTorch's C10_CUDA_CHECK prints it), PyTorch's
 # arch check (torch/cuda/__init__.py) and TensorRT's plan deserialiser.
@@ -389,6 +403,8 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("NCCL", _hang),
     ("timed out", _hang),
     ("out of memory", _oom),
+    ("Cuda Runtime (out of memory)", _trt_oom),
+    ("OutOfMemory (Requested size", _trt_oom),
     ("Failed to allocate memory for requested buffer", _oom),
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
