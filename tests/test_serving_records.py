@@ -70,6 +70,12 @@ SGLANG_SLOTS = (
 )
 # guidance-ai/llgtrt#7: TensorRT's allocator and deserialiser out of memory under TensorRT-LLM
 TRT_OOM = FIXTURES / ("incidents/trtllm-engine-68gib-deserialize-oom-llgtrt/serving/trtllm/log.txt")
+# nccl#962: a traceback pasted from its middle, then NCCL_DEBUG's WARN lines
+NCCL_OOM = FIXTURES / ("incidents/nccl-2181-proxy-calloc-oom-allgather-rank93/serving/app/log.txt")
+# nccl#1029: every line behind a multi-node launcher's host column
+HOST_COLUMN = FIXTURES / (
+    "incidents/nccl-2183-cuda-initialization-error-barrier-pdsh/serving/app/log.txt"
+)
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
 
@@ -157,6 +163,37 @@ def test_tensorrts_allocator_out_of_memory_is_a_cuda_oom() -> None:
     assert kinds[:3] == [("serving.cuda_oom", "tensorrt")] * 3
     assert ("serving.cuda_error", "trt_deserialize_failed") in kinds
     assert not [k for k in kinds if k[0] == STREAM]
+
+
+def _records(path: Path) -> list[tuple[str, object]]:
+    state = LogState()
+    recs = [r for r in map(state.record, path.read_text().splitlines()) if r is not None]
+    return [(r.stream, r.fields.get("form") or r.fields.get("message")) for r in recs]
+
+
+def test_an_error_ending_in_a_version_is_an_error_and_nccls_cuda_oom_an_oom() -> None:
+    # both were "No findings": the DistBackendError read as "NCCL version 2.18.1" announced,
+    # NCCL's "Cuda failure 'out of memory'" as nothing
+    final = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1296, internal error - please report this issue to the NCCL "
+        "developers, NCCL version 2.18.1"
+    )
+    assert _records(NCCL_OOM) == [
+        (STREAM, final),
+        ("serving.version", None),  # "NCCL version 2.18.1+cuda12.0" on its own line
+        ("serving.cuda_oom", "cuda_runtime"),
+    ]
+
+
+def test_a_launchers_host_column_is_read_past() -> None:
+    lines = HOST_COLUMN.read_text().splitlines()
+    affinity = split_record(lines[-2])
+    assert (affinity.emitter, affinity.level) == ("nccl", "INFO")
+    assert [stream for stream, _ in _records(HOST_COLUMN)] == [STREAM]
+    # an exception's class or a word before a colon is no host
+    for line in ("RuntimeError: CUDA error", "Last error:", "ncclUnhandledCudaError: Call"):
+        assert split_record(line).message == line
 
 
 def test_a_log_viewers_bare_column_is_read_past() -> None:
@@ -289,6 +326,7 @@ _PREFIXES = st.sampled_from(
         "E1220 01:42:16.589091 100348 model_lifecycle.cc:818] ",
         "\x1b[36m(VllmWorker rank=2 pid=225)\x1b[0m ",
         "(VLLM pid=1950315) (VllmWorkerProcess pid=1950430) ERROR 07-07 13:43:36 x.py:1] ",
+        "rdma-test-gpu-worker-1: ",
     ]
 )
 

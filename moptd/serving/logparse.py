@@ -241,6 +241,20 @@ def _oom(msg: str) -> LogRecord | None:
     return None if form is None else LogRecord("serving.cuda_oom", bare_fields(form))
 
 
+# Records that say nothing failed: an error record is never read as one of them.
+_NO_FAILURE = frozenset({"serving.version", "serving.lifecycle"})
+# NCCL's CUDACHECK when a CUDA call in NCCL fails (src/include/checks.h: WARN("Cuda failure
+# '%s'", cudaGetErrorString(err)); "Cuda failure 1 'invalid argument'" since 2.19): the
+# CUDA runtime's own "out of memory", as for "CUDA error: out of memory" (nccl#962, #1235).
+_NCCL_OOM = re.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
+
+
+def _nccl_oom(msg: str) -> LogRecord | None:
+    if _NCCL_OOM.search(msg) is not None:
+        return LogRecord("serving.cuda_oom", bare_fields("cuda_runtime"))
+    return None
+
+
 # TensorRT's allocator when cudaMalloc fails ("[defaultAllocator.cpp::allocate::31] Error
 # Code 1: Cuda Runtime (out of memory)") and its deserialiser then ("Error Code 2:
 # OutOfMemory (Requested size was N bytes.)"), as TensorRT-LLM's runtime logs them loading
@@ -404,6 +418,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("timed out", _hang),
     ("out of memory", _oom),
     ("Cuda Runtime (out of memory)", _trt_oom),
+    ("Cuda failure", _nccl_oom),
     ("OutOfMemory (Requested size", _trt_oom),
     ("Failed to allocate memory for requested buffer", _oom),
     ("illegal memory access", _cuda_error),
@@ -513,6 +528,10 @@ class LogState:
             return None
         msg = self.errors.error_message(head)
         rec = parse_head(head)
+        if rec is not None and msg is not None and rec.stream in _NO_FAILURE:
+            # an error whose text merely ends in "... NCCL version 2.18.1" (PyTorch's
+            # DistBackendError, nccl#962) is the error, not a version announcement
+            rec = None
         if rec is not None or msg is None or self.shutting_down:
             return rec
         return self.errors.unclassified(head, msg)

@@ -72,8 +72,12 @@ _COLLECTOR = (
 # and torchrun's "[rank3]: " in front of each line a rank prints (its --tee / log prefix).
 # Ray puts its actor's tag in front of vLLM's own: "(VLLM pid=1) (VllmWorkerProcess pid=2) "
 # (flashinfer#362); the inner one, the process that logged, is kept.
+# A multi-node launcher's host column (pdsh, DeepSpeed's runner: "worker-1: ", nccl#1029):
+# a lower-case host name with a digit or a hyphen, so no exception class ("RuntimeError: ")
+# or word ("Last error: ") is taken for one.
+_HOST_COLUMN = r"(?:(?=[a-z0-9.-]{0,62}[0-9-])[a-z][a-z0-9.-]{0,62}: )?"
 _OUTER = re.compile(
-    r"(?:[\w.-]{0,80} +\| )?"
+    _HOST_COLUMN + r"(?:[\w.-]{0,80} +\| )?"
     rf"(?:{_COLLECTOR})?"
     r"(?:\[rank\d{1,6}\]: )?"
     r"(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) ){0,2}"
