@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from moptd.serving.errorrecords import STREAM
 from moptd.serving.logparse import LogState, parse_line
-from moptd.serving.logrecord import MAX_SPLIT_CHARS, split_record
+from moptd.serving.logrecord import MAX_SPLIT_CHARS, LogRecord, split_record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # vllm#20170 (tests/fixtures/incidents/vllm-v1-illegal-address-tp-nccl-watchdog)
@@ -75,6 +75,10 @@ NCCL_OOM = FIXTURES / ("incidents/nccl-2181-proxy-calloc-oom-allgather-rank93/se
 # nccl#1029: every line behind a multi-node launcher's host column
 HOST_COLUMN = FIXTURES / (
     "incidents/nccl-2183-cuda-initialization-error-barrier-pdsh/serving/app/log.txt"
+)
+# sglang#5762: a scheduler process dying before its own handler (no "Scheduler hit ...")
+SCHED_ENOMEM = FIXTURES / (
+    "incidents/sglang-scheduler-enomem-faulthandler-h20-tp8/serving/sglang/log.txt"
 )
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
@@ -141,8 +145,10 @@ def test_a_ray_actors_tag_before_a_v0_workers_tag_is_read_past() -> None:
     # read, the log is no longer silent: its error record is quoted (it was "No findings")
     state = LogState()
     recs = [r for r in map(state.record, lines) if r is not None]
-    assert [(r.stream, r.fields["message"]) for r in recs] == [
-        (STREAM, "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor")
+    assert [(r.stream, r.fields.get("message") or r.fields["kind"]) for r in recs] == [
+        (STREAM, "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor"),
+        # a worker failing a start-up method: the engine does not start
+        ("serving.engine_dead", "engine_init_failed"),
     ]
 
 
@@ -165,10 +171,20 @@ def test_tensorrts_allocator_out_of_memory_is_a_cuda_oom() -> None:
     assert not [k for k in kinds if k[0] == STREAM]
 
 
-def _records(path: Path) -> list[tuple[str, object]]:
+def _read(path: Path) -> list[LogRecord]:
+    """The records of a log as the collector reads it: observe, then record, each line."""
     state = LogState()
-    recs = [r for r in map(state.record, path.read_text().splitlines()) if r is not None]
-    return [(r.stream, r.fields.get("form") or r.fields.get("message")) for r in recs]
+    out = []
+    for line in path.read_text().splitlines():
+        state.observe(line)
+        rec = state.record(line)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def _records(path: Path) -> list[tuple[str, object]]:
+    return [(r.stream, r.fields.get("form") or r.fields.get("message")) for r in _read(path)]
 
 
 def test_an_error_ending_in_a_version_is_an_error_and_nccls_cuda_oom_an_oom() -> None:
@@ -194,6 +210,14 @@ def test_a_launchers_host_column_is_read_past() -> None:
     # an exception's class or a word before a colon is no host
     for line in ("RuntimeError: CUDA error", "Last error:", "ncclUnhandledCudaError: Call"):
         assert split_record(line).message == line
+
+
+def test_a_traceback_through_sglangs_scheduler_entry_is_an_engine_death() -> None:
+    # it was quoted as unclassified only: the process that died is the scheduler
+    recs = _read(SCHED_ENOMEM)
+    assert [(r.stream, r.fields["kind"]) for r in recs] == [
+        ("serving.engine_dead", "sglang_scheduler")
+    ]
 
 
 def test_a_log_viewers_bare_column_is_read_past() -> None:

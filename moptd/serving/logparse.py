@@ -155,6 +155,8 @@ def _engine_dead(msg: str) -> LogRecord | None:
     m = _WORKER_DIED.search(msg)
     if m is not None:
         return LogRecord("serving.engine_dead", {"kind": "worker_died"})
+    if _STARTUP_METHOD_FAILED.search(msg) is not None:
+        return LogRecord("serving.engine_dead", {"kind": "engine_init_failed"})
     return None
 
 
@@ -241,6 +243,15 @@ def _oom(msg: str) -> LogRecord | None:
     return None if form is None else LogRecord("serving.cuda_oom", bare_fields(form))
 
 
+# V0's multiprocessing executor when a worker raises in a method the engine calls to start
+# (vllm/executor/multiproc_worker_utils.py: "Exception in worker %s while processing method
+# %s"; LLMEngine's init calls init_device, load_model, determine_num_available_blocks and
+# initialize_cache on every worker and does not survive one failing): the engine does not
+# start (flashinfer#362). The same line for another method is a wrapper of the traceback.
+_STARTUP_METHOD_FAILED = re.compile(
+    r"Exception in worker \S{1,80} while processing method "
+    r"(?:init_device|load_model|determine_num_available_blocks|initialize_cache)\b"
+)
 # Records that say nothing failed: an error record is never read as one of them.
 _NO_FAILURE = frozenset({"serving.version", "serving.lifecycle"})
 # NCCL's CUDACHECK when a CUDA call in NCCL fails (src/include/checks.h: WARN("Cuda failure
@@ -438,6 +449,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     # after the OOM and CUDA errors: TensorRT-LLM's "Failed to initialize executor on rank 0:
     # <cause>" names its cause in the same line, and a known cause is the finding
     ("xecutor", _engine_dead),
+    ("while processing method", _engine_dead),
     ("tokenizer", _startup_error),
     ("already in use", _startup_error),
     ("bind on address", _startup_error),
@@ -517,6 +529,13 @@ class LogState:
     answered: bool = False
     # Tracebacks in progress and the unclassified error messages so far (errorrecords.py)
     errors: ErrorTracker = field(default_factory=ErrorTracker)
+    # The current traceback went through SGLang's scheduler process entry
+    # (run_scheduler_process): its final line is the scheduler dying, whatever the error
+    # (an exception before the entry's own handler, sglang#5762).
+    scheduler_traceback: bool = False
+    # ... and its first line was SGLang's own "Scheduler hit an exception" (an engine death
+    # already): its final line is then quoted as the cause, unclassified where unknown
+    traceback_reported: bool = False
 
     def record(self, line: str) -> LogRecord | None:
         """The record a line carries: what a parser classifies, else an error record no
@@ -534,6 +553,9 @@ class LogState:
             rec = None
         if rec is not None or msg is None or self.shutting_down:
             return rec
+        if self.scheduler_traceback and self.errors.final:
+            self.scheduler_traceback = False
+            return LogRecord("serving.engine_dead", {"kind": "sglang_scheduler"})
         return self.errors.unclassified(head, msg)
 
     def finish(self) -> LogRecord | None:
@@ -550,6 +572,10 @@ class LogState:
             self.answered = True
         if "Traceback (most recent call last)" in line:
             self.internal_bind = False
+            self.scheduler_traceback = False
+            self.traceback_reported = "hit an exception" in line
+        if "in run_scheduler_process" in line:
+            self.scheduler_traceback = not self.traceback_reported
         elif "get_open_port" in line or "_create_c10d_store" in line:
             self.internal_bind = True
 
