@@ -197,6 +197,7 @@ def test_the_wheel_carries_every_data_file(installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as zf:
         names = set(zf.namelist())
     assert "moptd/kernel/xid_catalog.yaml" in names
+    assert "moptd/kernel/nvlink5.yaml" in names
     for source, target in DATA.items():
         files = [p for p in sorted((REPO / source).rglob("*")) if p.is_file()]
         assert files, source

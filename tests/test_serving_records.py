@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moptd.serving.errorrecords import STREAM
 from moptd.serving.logparse import LogState, parse_line
-from moptd.serving.logrecord import MAX_SPLIT_CHARS, split_record
+from moptd.serving.logrecord import MAX_SPLIT_CHARS, LogRecord, split_record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # vllm#20170 (tests/fixtures/incidents/vllm-v1-illegal-address-tp-nccl-watchdog)
@@ -53,6 +54,31 @@ HEADLESS = FIXTURES / (
 # rhymes-ai/Aria#24: V0 repeats "ERROR" on the line that chains two exceptions
 CHAINED = (
     FIXTURES / "incidents/vllm-v0-tp-worker-oom-nvml-zero-bytes-own-process/serving/vllm/log.txt"
+)
+# flashinfer#362: V0 workers run inside a Ray actor, two process tags in front
+RAY_V0 = FIXTURES / (
+    "incidents/vllm-v0-ray-flashinfer-workspace-alignedallocator/serving/vllm/log.txt"
+)
+# sglang#34676: the KV-pool allocator's RuntimeError, fatal to every scheduler rank
+SGLANG_KV = (
+    FIXTURES / "incidents/sglang-prefill-oom-kv-pool-hybrid-mamba-ranks/serving/sglang/log.txt"
+)
+# sglang#10408 (description): the request-slot allocator's RuntimeError, quoted by the reporter
+SGLANG_SLOTS = (
+    "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for "
+    "`--max-running-requests`. self.req_to_token_pool.available_size()=1, num_reqs=2,"
+)
+# guidance-ai/llgtrt#7: TensorRT's allocator and deserialiser out of memory under TensorRT-LLM
+TRT_OOM = FIXTURES / ("incidents/trtllm-engine-68gib-deserialize-oom-llgtrt/serving/trtllm/log.txt")
+# nccl#962: a traceback pasted from its middle, then NCCL_DEBUG's WARN lines
+NCCL_OOM = FIXTURES / ("incidents/nccl-2181-proxy-calloc-oom-allgather-rank93/serving/app/log.txt")
+# nccl#1029: every line behind a multi-node launcher's host column
+HOST_COLUMN = FIXTURES / (
+    "incidents/nccl-2183-cuda-initialization-error-barrier-pdsh/serving/app/log.txt"
+)
+# sglang#5762: a scheduler process dying before its own handler (no "Scheduler hit ...")
+SCHED_ENOMEM = FIXTURES / (
+    "incidents/sglang-scheduler-enomem-faulthandler-h20-tp8/serving/sglang/log.txt"
 )
 # The access-log shape of vLLM's docs (emitters.md section 4 d, uvicorn's AccessFormatter)
 ACCESS = '127.0.0.1:5000 - "{method} {path} HTTP/1.1" {status} Not Found'
@@ -102,6 +128,96 @@ def test_a_ray_worker_death_under_vllm_is_an_engine_death() -> None:
     rec = LogState().record(line)
     assert rec is not None
     assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "ray_actor_died")
+
+
+def test_a_ray_actors_tag_before_a_v0_workers_tag_is_read_past() -> None:
+    lines = RAY_V0.read_text().splitlines()
+    final = split_record(lines[1])
+    assert (final.emitter, final.level, final.logger) == (
+        "vllm",
+        "ERROR",
+        "multiproc_worker_utils.py",
+    )
+    assert final.proc == "VllmWorkerProcess pid=1950430"
+    assert (
+        final.message == "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor"
+    )
+    # read, the log is no longer silent: its error record is quoted (it was "No findings")
+    state = LogState()
+    recs = [r for r in map(state.record, lines) if r is not None]
+    assert [(r.stream, r.fields.get("message") or r.fields["kind"]) for r in recs] == [
+        (STREAM, "RuntimeError: RuntimeError: Out of workspace memory in AlignedAlloactor"),
+        # a worker failing a start-up method: the engine does not start
+        ("serving.engine_dead", "engine_init_failed"),
+    ]
+
+
+@pytest.mark.parametrize("line", [SGLANG_KV.read_text().splitlines()[0], SGLANG_SLOTS])
+def test_sglangs_kv_pool_exhaustion_is_an_engine_death_not_a_cuda_oom(line: str) -> None:
+    # it was "No findings": the line has no record prefix and is no CUDA allocation
+    rec = LogState().record(line)
+    assert rec is not None
+    assert (rec.stream, rec.fields["kind"]) == ("serving.engine_dead", "sglang_kv_pool_exhausted")
+
+
+def test_tensorrts_allocator_out_of_memory_is_a_cuda_oom() -> None:
+    # it was quoted as unclassified, and the deserialisation failure after it read as an
+    # incompatible engine
+    state = LogState()
+    recs = [r for r in map(state.record, TRT_OOM.read_text().splitlines()) if r is not None]
+    kinds = [(r.stream, r.fields.get("form") or r.fields.get("kind")) for r in recs]
+    assert kinds[:3] == [("serving.cuda_oom", "tensorrt")] * 3
+    assert ("serving.cuda_error", "trt_deserialize_failed") in kinds
+    assert not [k for k in kinds if k[0] == STREAM]
+
+
+def _read(path: Path) -> list[LogRecord]:
+    """The records of a log as the collector reads it: observe, then record, each line."""
+    state = LogState()
+    out = []
+    for line in path.read_text().splitlines():
+        state.observe(line)
+        rec = state.record(line)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def _records(path: Path) -> list[tuple[str, object]]:
+    return [(r.stream, r.fields.get("form") or r.fields.get("message")) for r in _read(path)]
+
+
+def test_an_error_ending_in_a_version_is_an_error_and_nccls_cuda_oom_an_oom() -> None:
+    # both were "No findings": the DistBackendError read as "NCCL version 2.18.1" announced,
+    # NCCL's "Cuda failure 'out of memory'" as nothing
+    final = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1296, internal error - please report this issue to the NCCL "
+        "developers, NCCL version 2.18.1"
+    )
+    assert _records(NCCL_OOM) == [
+        (STREAM, final),
+        ("serving.version", None),  # "NCCL version 2.18.1+cuda12.0" on its own line
+        ("serving.cuda_oom", "cuda_runtime"),
+    ]
+
+
+def test_a_launchers_host_column_is_read_past() -> None:
+    lines = HOST_COLUMN.read_text().splitlines()
+    affinity = split_record(lines[-2])
+    assert (affinity.emitter, affinity.level) == ("nccl", "INFO")
+    assert [stream for stream, _ in _records(HOST_COLUMN)] == [STREAM]
+    # an exception's class or a word before a colon is no host
+    for line in ("RuntimeError: CUDA error", "Last error:", "ncclUnhandledCudaError: Call"):
+        assert split_record(line).message == line
+
+
+def test_a_traceback_through_sglangs_scheduler_entry_is_an_engine_death() -> None:
+    # it was quoted as unclassified only: the process that died is the scheduler
+    recs = _read(SCHED_ENOMEM)
+    assert [(r.stream, r.fields["kind"]) for r in recs] == [
+        ("serving.engine_dead", "sglang_scheduler")
+    ]
 
 
 def test_a_log_viewers_bare_column_is_read_past() -> None:
@@ -233,6 +349,8 @@ _PREFIXES = st.sampled_from(
         "[TensorRT-LLM][ERROR] ",
         "E1220 01:42:16.589091 100348 model_lifecycle.cc:818] ",
         "\x1b[36m(VllmWorker rank=2 pid=225)\x1b[0m ",
+        "(VLLM pid=1950315) (VllmWorkerProcess pid=1950430) ERROR 07-07 13:43:36 x.py:1] ",
+        "rdma-test-gpu-worker-1: ",
     ]
 )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from moptd.kernel.incidents import IncidentTracker
 from moptd.kernel.logparse import KernelRecord, facility_name
+from moptd.kernel.nvlink5 import decode_fields
 from moptd.kernel.patterns import KernelMatcher, Match
 from moptd.kernel.unclassified import Tally, bus_of, emitter_of, is_error
 from moptd.kernel.xid import plan_for, xid_info
@@ -110,6 +111,7 @@ class Attributor:
             info = xid_info(code)
             fields["mnemonic"] = info.mnemonic
             fields["diagnoses"] = list(info.diagnoses)
+            fields.update(decode_fields(code, fields))  # NVLink5: NVIDIA's decode sheet
             fields["plan"] = plan_for(code, fields)
             fields.setdefault("container", "")
             caused_by = fields.get("caused_by")

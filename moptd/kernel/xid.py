@@ -70,8 +70,9 @@ ACTION_KINDS = (
     "change_config",
 )
 SEVERITIES = ("info", "warning", "critical")
-# The parsed fields of an Xid line a variant may key on (moptd/kernel/patterns.py).
-VARIANT_FIELDS = ("severity", "recovery_action")
+# The parsed fields of an Xid line a variant may key on (moptd/kernel/patterns.py), and
+# the NVLink5 decode's action (moptd/kernel/nvlink5.py).
+VARIANT_FIELDS = ("severity", "recovery_action", "nvlink5_action")
 NO_PLAN = "none"
 _PLAN_KEYS = ("diagnosis", "severity", "nvidia", "actions", "rules", "source")
 

@@ -141,12 +141,22 @@ def _engine_dead(msg: str) -> LogRecord | None:
         ("Got fatal signal from worker processes", "worker_died"),
         ("got fatal signal from worker processes", "worker_died"),
         ("It usually means one child failed", "sglang_child_failed"),
+        # SGLang's KV-pool and request-slot allocators when nothing is left to evict
+        # (managers/schedule_batch.py "Prefill out of memory. ..." then exit(1) in 0.1-0.4;
+        # mem_cache/common.py "Out of memory. ..." / "Prefill out of memory. ..." and
+        # "alloc_req_slots runs out of memory" raised as RuntimeError since): nothing in the
+        # scheduler catches them, the scheduler dies and SIGQUITs the server (sglang#26265,
+        # #34676, #10408). KV-cache accounting, not a CUDA allocation.
+        ("of memory. Try to lower your batch size", "sglang_kv_pool_exhausted"),
+        ("alloc_req_slots runs out of memory", "sglang_kv_pool_exhausted"),
     ):
         if needle in msg:
             return LogRecord("serving.engine_dead", {"kind": kind})
     m = _WORKER_DIED.search(msg)
     if m is not None:
         return LogRecord("serving.engine_dead", {"kind": "worker_died"})
+    if _STARTUP_METHOD_FAILED.search(msg) is not None:
+        return LogRecord("serving.engine_dead", {"kind": "engine_init_failed"})
     return None
 
 
@@ -231,6 +241,43 @@ def _oom(msg: str) -> LogRecord | None:
         return LogRecord("serving.cuda_oom", oom.fields())
     form = bare_oom(msg)
     return None if form is None else LogRecord("serving.cuda_oom", bare_fields(form))
+
+
+# V0's multiprocessing executor when a worker raises in a method the engine calls to start
+# (vllm/executor/multiproc_worker_utils.py: "Exception in worker %s while processing method
+# %s"; LLMEngine's init calls init_device, load_model, determine_num_available_blocks and
+# initialize_cache on every worker and does not survive one failing): the engine does not
+# start (flashinfer#362). The same line for another method is a wrapper of the traceback.
+_STARTUP_METHOD_FAILED = re.compile(
+    r"Exception in worker \S{1,80} while processing method "
+    r"(?:init_device|load_model|determine_num_available_blocks|initialize_cache)\b"
+)
+# Records that say nothing failed: an error record is never read as one of them.
+_NO_FAILURE = frozenset({"serving.version", "serving.lifecycle"})
+# NCCL's CUDACHECK when a CUDA call in NCCL fails (src/include/checks.h: WARN("Cuda failure
+# '%s'", cudaGetErrorString(err)); "Cuda failure 1 'invalid argument'" since 2.19): the
+# CUDA runtime's own "out of memory", as for "CUDA error: out of memory" (nccl#962, #1235).
+_NCCL_OOM = re.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
+
+
+def _nccl_oom(msg: str) -> LogRecord | None:
+    if _NCCL_OOM.search(msg) is not None:
+        return LogRecord("serving.cuda_oom", bare_fields("cuda_runtime"))
+    return None
+
+
+# TensorRT's allocator when cudaMalloc fails ("[defaultAllocator.cpp::allocate::31] Error
+# Code 1: Cuda Runtime (out of memory)") and its deserialiser then ("Error Code 2:
+# OutOfMemory (Requested size was N bytes.)"), as TensorRT-LLM's runtime logs them loading
+# an engine too large for the free memory (guidance-ai/llgtrt#7): a CUDA OOM, and the
+# "Failed to deserialize cuda engine" that follows is its consequence.
+_TRT_OOM = ("Cuda Runtime (out of memory)", "Error Code 2: OutOfMemory")
+
+
+def _trt_oom(msg: str) -> LogRecord | None:
+    if any(needle in msg for needle in _TRT_OOM):
+        return LogRecord("serving.cuda_oom", bare_fields("tensorrt"))
+    return None
 
 
 # CUDA errors that are neither an OOM nor the engine's own (substring, kind). The texts are
@@ -373,12 +420,17 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("output_handler failed", _engine_dead),
     ("fatal signal from worker", _engine_dead),
     ("child", _engine_dead),
+    ("Try to lower your batch size", _engine_dead),  # before "out of memory": not CUDA's
+    ("alloc_req_slots runs out", _engine_dead),
     ("atchdog timeout (", _hang),
     ("Watchdog", _hang),
     ("shared memory broadcast", _hang),
     ("NCCL", _hang),
     ("timed out", _hang),
     ("out of memory", _oom),
+    ("Cuda Runtime (out of memory)", _trt_oom),
+    ("Cuda failure", _nccl_oom),
+    ("OutOfMemory (Requested size", _trt_oom),
     ("Failed to allocate memory for requested buffer", _oom),
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
@@ -397,6 +449,7 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     # after the OOM and CUDA errors: TensorRT-LLM's "Failed to initialize executor on rank 0:
     # <cause>" names its cause in the same line, and a known cause is the finding
     ("xecutor", _engine_dead),
+    ("while processing method", _engine_dead),
     ("tokenizer", _startup_error),
     ("already in use", _startup_error),
     ("bind on address", _startup_error),
@@ -476,6 +529,13 @@ class LogState:
     answered: bool = False
     # Tracebacks in progress and the unclassified error messages so far (errorrecords.py)
     errors: ErrorTracker = field(default_factory=ErrorTracker)
+    # The current traceback went through SGLang's scheduler process entry
+    # (run_scheduler_process): its final line is the scheduler dying, whatever the error
+    # (an exception before the entry's own handler, sglang#5762).
+    scheduler_traceback: bool = False
+    # ... and its first line was SGLang's own "Scheduler hit an exception" (an engine death
+    # already): its final line is then quoted as the cause, unclassified where unknown
+    traceback_reported: bool = False
 
     def record(self, line: str) -> LogRecord | None:
         """The record a line carries: what a parser classifies, else an error record no
@@ -487,8 +547,15 @@ class LogState:
             return None
         msg = self.errors.error_message(head)
         rec = parse_head(head)
+        if rec is not None and msg is not None and rec.stream in _NO_FAILURE:
+            # an error whose text merely ends in "... NCCL version 2.18.1" (PyTorch's
+            # DistBackendError, nccl#962) is the error, not a version announcement
+            rec = None
         if rec is not None or msg is None or self.shutting_down:
             return rec
+        if self.scheduler_traceback and self.errors.final:
+            self.scheduler_traceback = False
+            return LogRecord("serving.engine_dead", {"kind": "sglang_scheduler"})
         return self.errors.unclassified(head, msg)
 
     def finish(self) -> LogRecord | None:
@@ -505,6 +572,10 @@ class LogState:
             self.answered = True
         if "Traceback (most recent call last)" in line:
             self.internal_bind = False
+            self.scheduler_traceback = False
+            self.traceback_reported = "hit an exception" in line
+        if "in run_scheduler_process" in line:
+            self.scheduler_traceback = not self.traceback_reported
         elif "get_open_port" in line or "_create_c10d_store" in line:
             self.internal_bind = True
 

@@ -69,12 +69,18 @@ _COLLECTOR = (
 # docker compose's "service-1  | " (a log viewer's bare "  | " column too, vllm#6042) and
 # a process tag: vLLM's "(EngineCore_DP0 pid=12) ",
 # V0 workers' "(VllmWorker rank=2 pid=225) ", Ray's "(RayWorkerWrapper pid=9, ip=10.0.0.1) "
-# and torchrun's "[rank3]: " in front of each line a rank prints (its --tee / log prefix)
+# and torchrun's "[rank3]: " in front of each line a rank prints (its --tee / log prefix).
+# Ray puts its actor's tag in front of vLLM's own: "(VLLM pid=1) (VllmWorkerProcess pid=2) "
+# (flashinfer#362); the inner one, the process that logged, is kept.
+# A multi-node launcher's host column (pdsh, DeepSpeed's runner: "worker-1: ", nccl#1029):
+# a lower-case host name with a digit or a hyphen, so no exception class ("RuntimeError: ")
+# or word ("Last error: ") is taken for one.
+_HOST_COLUMN = r"(?:(?=[a-z0-9.-]{0,62}[0-9-])[a-z][a-z0-9.-]{0,62}: )?"
 _OUTER = re.compile(
-    r"(?:[\w.-]{0,80} +\| )?"
+    _HOST_COLUMN + r"(?:[\w.-]{0,80} +\| )?"
     rf"(?:{_COLLECTOR})?"
     r"(?:\[rank\d{1,6}\]: )?"
-    r"(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) )?"
+    r"(?:\((?P<proc>[^()\n]{0,80}?pid=\d{1,10}[^()\n]{0,60})\) ){0,2}"
 )
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 _LETTER = {"E": "ERROR", "W": "WARNING", "I": "INFO", "V": "DEBUG", "F": "FATAL", "D": "DEBUG"}
