@@ -289,7 +289,7 @@ async def _collect_and_diagnose(
     import logging
 
     from moptd.clock import SystemClock
-    from moptd.daemon.app import make_runtime
+    from moptd.daemon.assemble import make_runtime
     from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.diagnose.service import RuleService

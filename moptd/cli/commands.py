@@ -133,7 +133,7 @@ async def offline_status(config: Config) -> dict[str, Any]:
     import logging
     import time
 
-    from moptd.daemon.app import make_runtime
+    from moptd.daemon.assemble import make_runtime
     from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.store import SignalStore
