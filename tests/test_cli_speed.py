@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from moptd import yamlsafe
 from moptd.diagnose import loader
@@ -139,3 +141,72 @@ def test_loading_the_configuration_does_not_import_aiohttp(tmp_path: Path) -> No
     mods = _imported(tmp_path, "config")
     assert "moptd.collectors.serving" in mods  # the collectors' options are read
     assert "aiohttp" not in mods
+
+
+# --- one parse for the Xid catalog's lines and values (yamlsafe.compose_and_load) ---
+
+_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+_docs = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _both(text: str) -> tuple[object, object]:
+    """(compose, load) of two parses, as readers had them, each node's value and marks."""
+    return _serialized(yamlsafe.compose(text)), yamlsafe.load(text)
+
+
+def _one(text: str) -> tuple[object, object]:
+    node, data = yamlsafe.compose_and_load(text)
+    return _serialized(node), data
+
+
+def _serialized(node: yaml.Node | None) -> object:
+    """The node tree: each node's tag, scalar value and start (line, column)."""
+    if node is None:
+        return None
+    at = (node.tag, node.start_mark.line, node.start_mark.column)
+    if isinstance(node, yaml.ScalarNode):
+        return (*at, node.value)
+    if isinstance(node, yaml.SequenceNode):
+        return (*at, [_serialized(v) for v in node.value])
+    return (*at, [(_serialized(k), _serialized(v)) for k, v in node.value])
+
+
+@given(_docs, st.booleans())
+def test_one_parse_gives_what_two_gave(doc: object, flow: bool) -> None:
+    text = yaml.safe_dump(doc, default_flow_style=flow)
+    assert _one(text) == _both(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: &x [1, 2]\nb: *x\n",  # an alias: the anchored node again
+        "base: &b {k: 1}\nmerged:\n  <<: *b\n  j: 2\n",  # a merge key: parsed twice
+        "",
+    ],
+)
+def test_one_parse_with_aliases_and_merges(text: str) -> None:
+    assert _one(text) == _both(text)
+
+
+def test_the_xid_catalog_reads_the_same_from_one_parse() -> None:
+    from moptd.kernel import xid
+
+    assert _one(xid.CATALOG_PATH.read_text(encoding="utf-8")) == _both(
+        xid.CATALOG_PATH.read_text(encoding="utf-8")
+    )
+
+
+def test_one_parse_refuses_an_alias_bomb_as_load_does() -> None:
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+        for p, c in zip("abcdef", "bcdefg", strict=True)
+    )
+    with pytest.raises(yamlsafe.YamlTooLarge):
+        yamlsafe.compose_and_load(bomb)
