@@ -130,8 +130,8 @@ def main() -> int:
             modules: dict[tuple[str, str], int] = {}
             for name, args in cmds.items():
                 for label, tree in trees.items():
+                    run(tree, args, cache=shared)  # a first call: .pyc files, the cache
                     cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared
-                    run(tree, args, cache=cache)  # a first call: .pyc files, the cache
                     _, rc, n = run(tree, args, Path(tmp) / "n", cache=cache)
                     modules[name, label] = n
                     if rc not in (0, 1, 2):
@@ -153,13 +153,19 @@ def main() -> int:
         f"before = {trees['before']}, after = {trees['after']}"
     )
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    print(f"{'command':26} {'before':>30} {'after':>30} {'ratio':>6}")
+    print(
+        f"{'command':26} {'before':>30} {'after':>30} {'ratio':>6}  "
+        "(the ratio of medians; then the median and range of the rounds' own ratios)"
+    )
     for name in cmds:
-        b = statistics.median(times[name, "before"])
-        a = statistics.median(times[name, "after"])
+        before, after = times[name, "before"], times[name, "after"]
+        b = statistics.median(before)
+        a = statistics.median(after)
+        paired = [x / y for x, y in zip(before, after, strict=True)]
         print(
-            f"{name:26} {b:6.3f} {spread(times[name, 'before'])} ({modules[name, 'before']:4d}) "
-            f"{a:6.3f} {spread(times[name, 'after'])} ({modules[name, 'after']:4d}) {b / a:6.2f}"
+            f"{name:26} {b:6.3f} {spread(before)} ({modules[name, 'before']:4d}) "
+            f"{a:6.3f} {spread(after)} ({modules[name, 'after']:4d}) {b / a:6.2f}  "
+            f"{statistics.median(paired):.2f} {spread(paired)}"
         )
     for name in FLOOR:
         f = times[name, "floor"]
