@@ -39,7 +39,7 @@ class YamlTooLarge(yaml.MarkedYAMLError):
 def check_expansion(root: yaml.Node | None, max_nodes: int = MAX_NODES) -> None:
     """Raise YamlTooLarge, marked at the node that crosses the bound, when the node graph
     expands (aliases followed) to more than max_nodes nodes or contains a cycle."""
-    if root is None:
+    if root is None or _small_tree(root, max_nodes):
         return
     sizes: dict[int, int] = {}
     on_path: set[int] = set()
@@ -76,6 +76,26 @@ def check_expansion(root: yaml.Node | None, max_nodes: int = MAX_NODES) -> None:
                 )
             if id(child) not in sizes:
                 stack.append((child, False))
+
+
+def _small_tree(root: yaml.Node, max_nodes: int) -> bool:
+    """True when no node is reached twice (no alias, so no cycle: the expanded document is
+    the nodes themselves) and there are at most max_nodes of them: the common case, one
+    quick pass. Otherwise (aliases, or too many nodes) the walk above decides and says where."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        key = id(node)
+        if key in seen:
+            return False
+        seen.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for pair in node.value:
+                stack.extend(pair)
+    return len(seen) <= max_nodes
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

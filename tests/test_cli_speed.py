@@ -210,3 +210,32 @@ def test_one_parse_refuses_an_alias_bomb_as_load_does() -> None:
     )
     with pytest.raises(yamlsafe.YamlTooLarge):
         yamlsafe.compose_and_load(bomb)
+
+
+# --- the expansion bound's quick pass (yamlsafe._small_tree) decides as the full walk ---
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[1, 2, [3, 4]]\n", None),  # 5 nodes, a plain tree
+        ("[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]\n", "has more than 10 nodes"),
+        ("a: &x [1, 2]\nb: *x\n", None),  # an alias within the bound: the full walk says so
+        ("a: &x [1, 2, 3]\nb: [*x, *x, *x]\n", "expands to more than 10 nodes through aliases"),
+        ("&a [*a]\n", "an alias refers to its own node"),
+    ],
+)
+def test_the_expansion_bound_decides_alike_with_and_without_the_quick_pass(
+    text: str, problem: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def outcome() -> str | None:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:
+            yamlsafe.check_expansion(node, max_nodes=10)
+        except yamlsafe.YamlTooLarge as exc:
+            return str(exc.problem)
+        return None
+
+    assert outcome() == problem
+    monkeypatch.setattr(yamlsafe, "_small_tree", lambda root, max_nodes: False)
+    assert outcome() == problem

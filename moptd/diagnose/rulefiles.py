@@ -7,6 +7,7 @@ expression compiler nor the YAML and JSON Schema machinery.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Sequence
@@ -94,6 +95,14 @@ def schema_digest(text: str) -> str:
     """What a rule file's schema check depends on: the schema's bytes and the file's."""
     import hashlib
 
-    h = hashlib.sha256((default_rules_dir() / "schema" / "moptd-rules.schema.json").read_bytes())
-    h.update(b"\0" + text.encode())
-    return h.hexdigest()
+    return hashlib.sha256(f"{_schema_sha()}\0{text}".encode()).hexdigest()
+
+
+@functools.cache
+def _schema_sha() -> str:
+    """The schema's digest, read once a process: only a read-only command, which ends
+    within seconds, fills VALIDATED (a schema replaced meanwhile is seen by the next)."""
+    import hashlib
+
+    path = default_rules_dir() / "schema" / "moptd-rules.schema.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
