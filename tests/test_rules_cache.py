@@ -141,3 +141,15 @@ def test_the_schema_check_is_skipped_only_for_bytes_that_passed_it(
     bad.write_text(text)
     load_rules([rules])
     assert len(checked) == n
+
+
+def test_one_inside_another_keeps_the_outer_ones_digests(rules: Path, tmp_path: Path) -> None:
+    from moptd.diagnose import rulefiles
+
+    with validated_rules():
+        with validated_rules():
+            assert not load_rules([rules]).errors
+        assert rulefiles.VALIDATED  # the inner one left the outer's set in place
+    assert rulefiles.VALIDATED is None
+    kept = json.loads((tmp_path / "cache" / "moptd" / "validated-rules.json").read_text())
+    assert len(kept["files"]) == len(list(rules.rglob("*.rules.yaml")))

@@ -10,7 +10,10 @@ come from has changed.
 Where: ``$XDG_CACHE_HOME/moptd/`` (``~/.cache/moptd/`` when that is not set), the user's
 own cache as the XDG Base Directory spec names it: a read-only command may write there and
 nowhere else, each user has their own (no other user's file is read), and deleting it
-costs one slower call. One file per list of rule paths, ``explain-rules-<hash>.json``.
+costs one slower call. One file per list of rule paths, ``explain-rules-<hash>.json``, and
+``validated-rules.json``: the digests of rule files (with the schema) that passed the JSON
+Schema check, so that offline and ``--bundle``, which compile the rules, skip the check for
+the same bytes (``validated_rules``).
 
 Trust: the file is JSON (data, never code), read only when it is a regular file owned by
 this user and writable by no one else, and used only when the key it holds is the key of
@@ -115,6 +118,9 @@ def validated_rules() -> Iterator[None]:
     remembered for the next call. The daemon never does this: it checks every file."""
     from moptd.diagnose import rulefiles
 
+    if rulefiles.VALIDATED is not None:  # inside another: that one reads and keeps them
+        yield
+        return
     d = cache_dir()
     code = _code_key()
     known: set[str] = set()
@@ -122,11 +128,11 @@ def validated_rules() -> Iterator[None]:
         doc = _read_json(d / VALIDATED_FILE)
         if isinstance(doc, dict) and doc.get("format") == FORMAT and doc.get("key") == code:
             known = {str(x) for x in doc.get("files") or [] if isinstance(x, str)}
-    rulefiles.VALIDATED = set(known)
+    grown = rulefiles.VALIDATED = set(known)
     try:
         yield
     finally:
-        grown, rulefiles.VALIDATED = rulefiles.VALIDATED, None
+        rulefiles.VALIDATED = None
         if d is not None and code is not None and grown - known:
             kept = sorted(grown - known) + sorted(known)  # the new ones first
             doc = {"format": FORMAT, "key": code, "files": kept[:MAX_VALIDATED]}
