@@ -9,9 +9,17 @@ imported when it ended (sys.modules, counted once per command). The commands:
 - `explain` and `status` with the daemon up (a `moptd run` of this tree on a temporary
   socket and state directory; both trees ask the same daemon);
 - `explain --offline` and `status --offline` (no daemon asked: one collection pass here);
-- `explain --bundle PASTE`: a one-line kernel-log paste (tests/fixtures/kernel-drill).
+- `explain --bundle PASTE`: a one-line kernel-log paste (tests/fixtures/kernel-drill);
+- the floor: `python -c pass` (the interpreter's own start, with site) and `python -S -c
+  pass` (without site), in the same rounds, once per round.
 
-    git worktree add /tmp/before REV     # the tree before
+Both trees are byte-compiled first (`compileall`) and the children may write .pyc files: an
+installed moptd has them, and with PYTHONDONTWRITEBYTECODE set in the environment every
+call would otherwise compile its modules from source (about 0.14 s a call). Each figure is
+the median of the rounds with the spread (lowest-highest) beside it; the ratio is
+before/after of the medians.
+
+    git worktree add /tmp/before REV     # the tree before (or: git archive REV | tar -x)
     python bench/cli_latency.py --other /tmp/before --rounds 15
 """
 
@@ -38,12 +46,17 @@ def commands(config: Path) -> dict[str, list[str]]:
     cfg = ["--config", str(config)]
     return {
         "explain (daemon up)": ["explain", *cfg],
+        "explain (daemon up), cold": ["explain", *cfg],
         "status (daemon up)": ["status", *cfg],
         "explain --offline": ["explain", "--offline", *cfg],
         "status --offline": ["status", "--offline", *cfg],
         "explain --bundle PASTE": ["explain", "--bundle", PASTE],
     }
 
+
+# commands whose every call starts with an empty cache directory (the first call after an
+# install, an upgrade or a rule change); the others share one, as an operator's calls do
+COLD = {"explain (daemon up), cold"}
 
 # `python -m moptd ARGS` that writes the number of modules in sys.modules at exit
 COUNT_MODULES = (
@@ -53,11 +66,25 @@ COUNT_MODULES = (
 )
 
 
-def run(tree: Path, args: list[str], count: Path | None = None) -> tuple[float, int, int]:
+FLOOR = {"python -c pass": ["-c", "pass"], "python -S -c pass": ["-S", "-c", "pass"]}
+
+
+def run(
+    tree: Path,
+    args: list[str],
+    count: Path | None = None,
+    head: list[str] | None = None,
+    cache: Path | None = None,
+) -> tuple[float, int, int]:
     """(seconds, exit status, modules imported) of one `python -m moptd ARGS` in `tree`;
-    the modules are counted (by a wrapper, so not timed) where `count` names a file."""
+    the modules are counted (by a wrapper, so not timed) where `count` names a file.
+    `cache`: the call's XDG_CACHE_HOME (never the user's own)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
-    head = ["-c", COUNT_MODULES, str(count)] if count else ["-m", "moptd"]
+    if cache is not None:
+        env["XDG_CACHE_HOME"] = str(cache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed moptd has its .pyc files
+    if head is None:
+        head = ["-c", COUNT_MODULES, str(count)] if count else ["-m", "moptd"]
     t0 = time.perf_counter()
     out = subprocess.run(
         [sys.executable, *head, *args], cwd=tree, env=env, capture_output=True, timeout=60
@@ -71,44 +98,83 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--other", type=Path, required=True, help="the other tree (before)")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="only the commands whose name contains TEXT (repeatable)",
+    )
     opts = ap.parse_args()
     trees = {"before": opts.other.resolve(), "after": THIS}
+    for tree in trees.values():
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(tree / "moptd")],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     with tempfile.TemporaryDirectory(prefix="moptd-cli-bench-") as tmp:
+        shared = Path(tmp) / "cache"  # the XDG_CACHE_HOME of the calls that share one
         daemon = DaemonProcess(Path(tmp)).start()
         try:
             daemon.wait_metrics(timeout=30)
             deadline = time.monotonic() + 30
             while not daemon.socket.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            cmds = commands(daemon.config_path)
+            cmds = {
+                k: v
+                for k, v in commands(daemon.config_path).items()
+                if not opts.only or any(t in k for t in opts.only)
+            }
             times: dict[tuple[str, str], list[float]] = {}
             modules: dict[tuple[str, str], int] = {}
             for name, args in cmds.items():
                 for label, tree in trees.items():
-                    _, rc, n = run(tree, args, Path(tmp) / "n")  # also warms .pyc files
+                    run(tree, args, cache=shared)  # a first call: .pyc files, the cache
+                    cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared
+                    _, rc, n = run(tree, args, Path(tmp) / "n", cache=cache)
                     modules[name, label] = n
                     if rc not in (0, 1, 2):
                         print(f"{label} {name}: exit {rc}", file=sys.stderr)
-            for _ in range(opts.rounds):
+            for i in range(opts.rounds):
                 for name, args in cmds.items():
-                    for label, tree in trees.items():
-                        seconds, _, _ = run(tree, args)
+                    # alternate which tree goes first, so neither always follows the other
+                    for label, tree in sorted(trees.items(), reverse=bool(i % 2)):
+                        cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared
+                        seconds, _, _ = run(tree, args, cache=cache)
                         times.setdefault((name, label), []).append(seconds)
+                for name, head in FLOOR.items():
+                    seconds, _, _ = run(THIS, [], head=head, cache=shared)
+                    times.setdefault((name, "floor"), []).append(seconds)
         finally:
             daemon.stop()
     print(
         f"median of {opts.rounds} rounds, seconds (modules imported); "
         f"before = {trees['before']}, after = {trees['after']}"
     )
-    print(f"{'command':26} {'before':>16} {'after':>16} {'ratio':>6}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print(
+        f"{'command':26} {'before':>30} {'after':>30} {'ratio':>6}  "
+        "(the ratio of medians; then the median and range of the rounds' own ratios)"
+    )
     for name in cmds:
-        b = statistics.median(times[name, "before"])
-        a = statistics.median(times[name, "after"])
+        before, after = times[name, "before"], times[name, "after"]
+        b = statistics.median(before)
+        a = statistics.median(after)
+        paired = [x / y for x, y in zip(before, after, strict=True)]
         print(
-            f"{name:26} {b:8.3f} ({modules[name, 'before']:4d}) "
-            f"{a:8.3f} ({modules[name, 'after']:4d}) {b / a:6.2f}"
+            f"{name:26} {b:6.3f} {spread(before)} ({modules[name, 'before']:4d}) "
+            f"{a:6.3f} {spread(after)} ({modules[name, 'after']:4d}) {b / a:6.2f}  "
+            f"{statistics.median(paired):.2f} {spread(paired)}"
         )
+    for name in FLOOR:
+        f = times[name, "floor"]
+        print(f"{name:26} {statistics.median(f):6.3f} {spread(f)}")
     return 0
+
+
+def spread(values: list[float]) -> str:
+    return f"[{min(values):.3f}-{max(values):.3f}]"
 
 
 if __name__ == "__main__":

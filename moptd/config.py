@@ -18,7 +18,7 @@ import yaml
 
 from moptd import yamlsafe
 from moptd.collector import Collector, OptionError
-from moptd.diagnose.loader import default_rules_dir
+from moptd.diagnose.rulefiles import default_rules_dir
 from moptd.durations import format_duration, parse_duration
 from moptd.loopback import is_loopback
 from moptd.remediation.policy import DEFAULT_GUARDS, Policy, PolicyError, parse_policy

@@ -39,7 +39,7 @@ class YamlTooLarge(yaml.MarkedYAMLError):
 def check_expansion(root: yaml.Node | None, max_nodes: int = MAX_NODES) -> None:
     """Raise YamlTooLarge, marked at the node that crosses the bound, when the node graph
     expands (aliases followed) to more than max_nodes nodes or contains a cycle."""
-    if root is None:
+    if root is None or _small_tree(root, max_nodes):
         return
     sizes: dict[int, int] = {}
     on_path: set[int] = set()
@@ -78,6 +78,26 @@ def check_expansion(root: yaml.Node | None, max_nodes: int = MAX_NODES) -> None:
                 stack.append((child, False))
 
 
+def _small_tree(root: yaml.Node, max_nodes: int) -> bool:
+    """True when no node is reached twice (no alias, so no cycle: the expanded document is
+    the nodes themselves) and there are at most max_nodes of them: the common case, one
+    quick pass. Otherwise (aliases, or too many nodes) the walk above decides and says where."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        key = id(node)
+        if key in seen:
+            return False
+        seen.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for pair in node.value:
+                stack.extend(pair)
+    return len(seen) <= max_nodes
+
+
 def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
@@ -104,6 +124,22 @@ def load(text: str, loader: type[Loader] = SAFE_LOADER) -> Any:
         node = _single_node(ld, text)
         check_expansion(node)
         return None if node is None else ld.construct_document(node)
+    finally:
+        ld.dispose()
+
+
+def compose_and_load(text: str, loader: type[Loader] = SAFE_LOADER) -> tuple[yaml.Node | None, Any]:
+    """(compose(text), load(text)) from one parse, for a reader that wants the nodes' lines
+    as well as the values (the Xid catalog: its two parses were a fifth of `moptd explain`
+    with the daemon up). Constructing flattens merge keys (<<) in the nodes it reads, so a
+    document with one is parsed twice, as before, and its nodes are compose's own."""
+    if "<<" in text:
+        return compose(text, loader), load(text, loader)
+    ld = loader(text)
+    try:
+        node = _single_node(ld, text)
+        check_expansion(node)
+        return node, None if node is None else ld.construct_document(node)
     finally:
         ld.dispose()
 

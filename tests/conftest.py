@@ -45,6 +45,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(_GUARD_DIR), os.environ.get("PYTHONPATH")) if p
 )
 hostguard.install(_PLACES, DEFAULT_PORT, str(_GUARD_LOG))
+# `moptd explain` keeps a cache of the rules under $XDG_CACHE_HOME (moptd/cli/rules_cache.py):
+# the tests' own, never the user's ~/.cache
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="moptd-test-cache-")
 
 
 @pytest.fixture(autouse=True)

@@ -111,7 +111,7 @@ async def run_checks(config: Any) -> list[Check]:
 
 
 async def _collect_once(config: Any) -> tuple[Any, list[Any]]:
-    from moptd.daemon.app import make_runtime
+    from moptd.daemon.assemble import make_runtime
     from moptd.store import SignalStore
 
     # Collectors only read: nothing here can start the managed serving process (the

@@ -8,17 +8,16 @@ daemon last recorded in its findings database and runs one collection pass itsel
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
-import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moptd.cli import EXIT_USAGE
-from moptd.cli.drain_fit import UNKNOWN, Host
+
+if TYPE_CHECKING:
+    from moptd.cli.drain_fit import Host
 
 EXIT_BUNDLE = 2  # no runbook for the code
 EXIT_BAD_INPUT = 3  # a bundle or pasted file that could not be used, as `moptd replay`
@@ -90,12 +89,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return print_runbook(args.code)
     state_dir: Path | None = None  # the daemon's database: the boards' history
     if args.bundle:
-        from moptd.diagnose.loader import default_rules_dir
+        from moptd.cli.drain_fit import UNKNOWN
+        from moptd.cli.explain_facts import load_ruleset
+        from moptd.cli.rules_cache import validated_rules
+        from moptd.diagnose.rulefiles import default_rules_dir
 
-        view = bundle_view(list(args.bundle))
+        with validated_rules():  # checked against the schema once, not each call
+            view = bundle_view(list(args.bundle))
         if view is None:
             return EXIT_BAD_INPUT
-        rule_paths: list[str | Path] = [default_rules_dir()]
+        rules: Any = load_ruleset([default_rules_dir()])  # loaded for the replay: reused
         drain_host = UNKNOWN  # the host a bundle came from cannot be looked at
     else:
         from moptd.cli.commands import load
@@ -112,14 +115,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
         else:
             notes.append("Offline (--offline): the daemon was not asked.")
         if view is None:
-            view = offline_view(config, since)
+            from moptd.cli.rules_cache import validated_rules
+
+            with validated_rules():  # the rules of the pass: checked once, not each call
+                view = offline_view(config, since)
             view["notes"] = notes + view["notes"]
-        rule_paths = list(config.rule_paths)
+        from moptd.cli.rules_cache import load_facts
+
+        # what explain reads of the rules, from a cache while the files are unchanged
+        rules = load_facts(list(config.rule_paths))
         drain_host = this_host(config)
         state_dir = config.state_dir
-    from moptd.cli.explain_facts import load_ruleset
-
-    ruleset = load_ruleset(rule_paths)
     view.setdefault("time", now)
     view["asked"] = args.subject
     view["findings"] = [
@@ -127,7 +133,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for f in view["findings"]
         if chosen(f, args.subject, args.code, since, view.get("gpus", []))
     ]
-    explained(view, ruleset, drain_host)
+    explained(view, rules, drain_host)
     # this host's answer (not a bundle's): "No active findings for gpu:7" if there is none
     host = not args.bundle and not view["findings"]
     missing = unknown_gpu(args.subject, view.get("gpus", [])) if host else None
@@ -186,8 +192,6 @@ def board_history(
 ) -> list[dict[str, Any]]:
     """The hardware history of the GPU asked about, or of the GPUs a board-history finding
     is shown for, from the daemon's database read-only; [] when there is none."""
-    from moptd.findings.queries import read_board_history
-
     wanted = (
         [subject]
         if subject
@@ -201,6 +205,8 @@ def board_history(
     )
     rows: dict[int, dict[str, Any]] = {}
     for s in wanted:
+        from moptd.findings.queries import read_board_history  # only when there is one
+
         for r in read_board_history(state_dir, s)[0]:
             rows[int(r["id"])] = r
     return sorted(rows.values(), key=lambda r: -float(r["t"]))
@@ -251,6 +257,9 @@ def daemon_view(
 
 def offline_view(config: Any, since: float | None) -> dict[str, Any]:
     """What the daemon last recorded (its database, read-only) and one collection pass."""
+    import asyncio
+    import contextlib
+
     from moptd.findings import db as fdb
     from moptd.findings.queries import recorded_for_explain
 
@@ -277,8 +286,10 @@ def offline_view(config: Any, since: float | None) -> dict[str, Any]:
 async def _collect_and_diagnose(
     config: Any,
 ) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
+    import logging
+
     from moptd.clock import SystemClock
-    from moptd.daemon.app import make_runtime
+    from moptd.daemon.assemble import make_runtime
     from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.diagnose.service import RuleService
@@ -309,8 +320,8 @@ def bundle_view(inputs: list[str]) -> dict[str, Any] | None:
     from moptd.cli.bundle_guard import check_bundle
     from moptd.cli.cmd_replay import report_unusable
     from moptd.cli.explain_facts import load_rules_once
-    from moptd.diagnose.loader import default_rules_dir
     from moptd.diagnose.replay import replay_timeline
+    from moptd.diagnose.rulefiles import default_rules_dir
 
     try:
         loaded = load_rules_once([default_rules_dir()])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import sys
@@ -109,6 +108,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         note = "offline: ran one collection pass here"
     if view is None:
+        import asyncio  # the offline pass only: asking the daemon needs no event loop
+
         view = asyncio.run(offline_status(config))
     view["note"] = note
     blind = view.get("blind") or []  # a source not read: no finding below is an all-clear
@@ -132,7 +133,7 @@ async def offline_status(config: Config) -> dict[str, Any]:
     import logging
     import time
 
-    from moptd.daemon.app import make_runtime
+    from moptd.daemon.assemble import make_runtime
     from moptd.daemon.health import blind_sources
     from moptd.daemon.views import status_view
     from moptd.store import SignalStore

@@ -16,8 +16,7 @@ from rich.text import Text
 
 from moptd.cli.explain_facts import deciding_events
 from moptd.cli.explain_order import Incident, linked
-from moptd.diagnose.engine import fmt
-from moptd.diagnose.replay import UNCONFIRMED
+from moptd.diagnose.wording import fmt
 from moptd.proc.pci import pci_key
 
 SEVERITY_STYLE = {
@@ -248,6 +247,8 @@ def incident_block(
     if f.get("resolved_at"):
         title.append(f" · resolved {when(f['resolved_at'])}, firing from {when(since)}")
     elif f.get("state") == "unconfirmed":
+        from moptd.diagnose.replay import UNCONFIRMED  # a replay's only: it has the engine
+
         seen = f" at {when(since)}" if _known_time(since) else ""
         title.append(f" · unconfirmed{seen}: {f.get('note') or UNCONFIRMED}")
     elif _known_time(since):

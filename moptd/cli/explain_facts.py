@@ -14,12 +14,13 @@ Added to the finding as fields of their own (`--json` gains them; nothing is tak
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moptd.cli.rules_cache import NodeFacts, RuleFacts, StepFacts, rule_nodes
 from moptd.cli.runbooks import runbook_path
-from moptd.diagnose.model import ACTION_KINDS, Action, Branch, RuleSet
+from moptd.diagnose.model import ACTION_KINDS, RuleSet
 
 if TYPE_CHECKING:
     from moptd.diagnose.loader import Loaded
@@ -64,13 +65,6 @@ def load_ruleset(paths: Sequence[str | Path]) -> RuleSet | None:
         return None
 
 
-def _branches(branches: tuple[Branch, ...], prefix: str) -> Iterator[tuple[str, Branch]]:
-    for b in branches:
-        node = f"{prefix}/{b.id}"
-        yield node, b
-        yield from _branches(b.children, node)
-
-
 def split_action(action: str) -> tuple[str, str]:
     kind, sep, text = action.partition(": ")
     if sep and kind in ACTION_KINDS:
@@ -78,23 +72,33 @@ def split_action(action: str) -> tuple[str, str]:
     return "", action
 
 
-def annotate(f: dict[str, Any], ruleset: RuleSet | None) -> dict[str, Any]:
+def _nodes(rules: RuleSet | RuleFacts | None, rule_id: str) -> dict[str, NodeFacts]:
+    """The decision tree's nodes of one rule, from the rule set or its cached facts."""
+    if rules is None:
+        return {}
+    if isinstance(rules, dict):
+        return rules.get(rule_id, {})
+    rule = rules.by_id(rule_id)
+    return rule_nodes(rule.branches, rule.id) if rule is not None else {}
+
+
+def annotate(f: dict[str, Any], rules: RuleSet | RuleFacts | None) -> dict[str, Any]:
+    """`rules`: the rule set, or what explain reads of it (moptd/cli/rules_cache.py)."""
     out = dict(f)
     path = [str(p) for p in f.get("path") or []]
-    rule = ruleset.by_id(str(f.get("rule"))) if ruleset is not None else None
-    nodes = dict(_branches(rule.branches, rule.id)) if rule is not None else {}
+    nodes = _nodes(rules, str(f.get("rule")))
     taken = [nodes[p] for p in path if p in nodes]
-    verdict = taken[-1].verdict if taken and len(taken) == len(path) else None
+    verdict = taken[-1] if taken and len(taken) == len(path) else None
     steps = [split_action(str(a)) for a in f.get("actions") or []]
-    flags = _command_flags(steps, verdict.actions if verdict is not None else ())
+    declared = verdict.actions if verdict is not None and verdict.actions is not None else ()
+    flags = _command_flags(steps, declared)
     out["action_steps"] = [
         {"kind": kind, "text": text, "command": flag}
         for (kind, text), flag in zip(steps, flags, strict=True)
     ]
     signals: set[str] = set()
-    for b in taken:
-        if b.cond is not None:
-            signals |= b.cond.signals
+    for node in taken:
+        signals |= node.signals
     out["decided_by"] = sorted(signals)
     out["attribution"] = attribution(deciding_events(out))
     code = str(f.get("code", ""))
@@ -105,7 +109,7 @@ def annotate(f: dict[str, Any], ruleset: RuleSet | None) -> dict[str, Any]:
 
 
 def _command_flags(
-    steps: Sequence[tuple[str, str]], declared: Sequence[Action]
+    steps: Sequence[tuple[str, str]], declared: Sequence[StepFacts]
 ) -> list[bool | None]:
     """Whether each action is a command, from the rule's own list: matched in order by kind
     (and by text where the rule's has no placeholder), so a daemon running another version

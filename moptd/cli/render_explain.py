@@ -26,7 +26,7 @@ from moptd.cli.explain_compact import (
     where_line,
 )
 from moptd.cli.explain_order import Incident, incidents
-from moptd.diagnose.engine import fmt
+from moptd.diagnose.wording import fmt
 
 __all__ = ["ago", "finding_block", "print_explain", "print_status_findings", "when"]
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
-from moptd.gpu.backend import NvmlBackend
 from moptd.gpu.batch import add_ages, add_fast, add_profile, add_slow, add_static
 from moptd.gpu.readings import (
     BackendUnavailable,
@@ -47,7 +46,6 @@ from moptd.gpu.readings import (
     StaticReading,
     merge_costly,
 )
-from moptd.gpu.recorded import RecordedBackend
 from moptd.kernel.xid_tally import NVML, XidTally
 from moptd.observations import NODE, Batch, Event, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
@@ -198,6 +196,11 @@ class NvmlCollector(Collector):
 
     # --- backend ------------------------------------------------------------------------
     def make_backend(self) -> GpuBackend:
+        # imported here: reading the configuration imports this module for its options,
+        # and `moptd explain` must not load pynvml for that (BENCHMARKS.md, issue 31)
+        from moptd.gpu.backend import NvmlBackend
+        from moptd.gpu.recorded import RecordedBackend
+
         kind = self.option("backend")
         if kind == "recorded":
             path = self.option("recording")

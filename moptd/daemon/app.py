@@ -15,13 +15,13 @@ from aiohttp import web
 
 from moptd import safefs
 from moptd.clock import SystemClock
-from moptd.collector import Collector, CollectorContext
 from moptd.collectors import registry
 from moptd.collectors.serving import ServingCollector
-from moptd.collectors.versions import global_options_of
 from moptd.config import Config, ConfigError, load_config, split_listen
 from moptd.daemon import sdnotify
 from moptd.daemon.api import make_api_app
+from moptd.daemon.assemble import build_collectors as build_collectors
+from moptd.daemon.assemble import make_runtime as make_runtime
 from moptd.daemon.auth import ApiAuth, load_token
 from moptd.daemon.exporter import MetricsEndpoint
 from moptd.daemon.heap import freeze_start_up_heap
@@ -35,42 +35,10 @@ from moptd.daemon.webconfig import BasicAuth, WebConfig, load_web_config
 from moptd.diagnose.service import RuleService
 from moptd.findings.db import FILE_NAME, FindingsDB
 from moptd.findings.service import Diagnosis
-from moptd.kernel.xid_tally import XidTally
 from moptd.proc.listeners import describe_holders
 from moptd.store import SignalStore
 
 log = logging.getLogger(__name__)
-
-
-def build_collectors(config: Config) -> dict[str, tuple[Collector, float, float]]:
-    known = registry()
-    out: dict[str, tuple[Collector, float, float]] = {}
-    xids = XidTally()  # one for the kernel-log and NVML collectors: an Xid counts once
-    versions = global_options_of(config.raw)  # the serving environments whose versions count
-    for name, cc in config.collectors.items():
-        if not cc.enabled or name not in known:
-            continue
-        ctx = CollectorContext(
-            options=cc.options,
-            procfs=config.procfs,
-            sysfs=config.sysfs,
-            devfs=config.host_root / "dev",
-            etc=config.host_root / "etc",
-            host_root=config.host_root,
-            state_dir=config.state_dir,
-            global_options={"watch_paths": config.watch_paths, **versions},
-            xids=xids,
-        )
-        out[name] = (known[name](ctx), cc.interval, cc.timeout)
-    return out
-
-
-def make_runtime(config: Config, store: SignalStore) -> CollectorRuntime:
-    collectors = build_collectors(config)
-    runtime = CollectorRuntime(store, collectors)
-    for collector, _, _ in collectors.values():
-        collector.ctx.publish = runtime.publish
-    return runtime
 
 
 # Signal namespaces each collector provides; while a collector is unavailable or failing,

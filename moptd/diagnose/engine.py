@@ -22,6 +22,7 @@ from typing import Literal
 from moptd.diagnose.expr import Compiled, Env, Expr, Stamp, truth
 from moptd.diagnose.loader import PLACEHOLDER
 from moptd.diagnose.model import Branch, Rule, RuleSet, Verdict
+from moptd.diagnose.wording import fmt as fmt  # moved there: the CLI's renderers use it
 from moptd.observations import subject_id, subject_kind
 from moptd.proc.pci import normalize_pci
 from moptd.store import SignalStore
@@ -452,16 +453,6 @@ def _value(ex: Expr, env: Env) -> object:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
-
-
-def fmt(v: object) -> str:
-    if v is None:
-        return "unknown"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def render(template: str, res: Result) -> str:

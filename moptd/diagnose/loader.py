@@ -8,12 +8,9 @@ bad input. Paths are read in order: a later file's rule with an existing id repl
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +18,24 @@ import yaml
 
 from moptd import yamlsafe
 from moptd.catalog import CATALOG, SignalSpec
+from moptd.diagnose import rulefiles
 from moptd.diagnose.codes import CODES, SEVERITIES
 from moptd.diagnose.expr import Compiler, Expr, ExprError
 from moptd.diagnose.links import JOINS
 from moptd.diagnose.model import Action, Branch, Link, Rule, RuleSet, Verdict
 from moptd.diagnose.rule_cost import bound_reads
+
+# re-exported: the loader's API before the files' half moved to rulefiles.py
+from moptd.diagnose.rulefiles import MAX_RULE_FILE_BYTES as MAX_RULE_FILE_BYTES
+from moptd.diagnose.rulefiles import RuleError as RuleError
+from moptd.diagnose.rulefiles import RuleFileRefused as RuleFileRefused
+from moptd.diagnose.rulefiles import default_rules_dir as default_rules_dir
+from moptd.diagnose.rulefiles import read_rule_file as read_rule_file
+from moptd.diagnose.rulefiles import rule_files as rule_files
 from moptd.durations import parse_duration
-from moptd.safefs import kind_of
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_][a-z0-9_]*)\s*\}\}")
 BUILTIN_PLACEHOLDERS = frozenset({"subject", "index", "pci_bus_id", "rule"})
-
-
-@dataclass(frozen=True, slots=True)
-class RuleError:
-    file: str
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
 
 
 class _Map(dict[Any, Any]):
@@ -124,61 +119,6 @@ def schema() -> dict[str, Any]:
     return loaded
 
 
-def default_rules_dir() -> Path:
-    """The shipped rules: ``moptd/rulebook`` in a wheel, else the repository's ``rules/``."""
-    try:
-        packaged = Path(str(resources.files("moptd") / "rulebook"))
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover - moptd is always importable
-        packaged = None
-    if packaged is not None and (packaged / "schema").is_dir():
-        return packaged
-    return Path(__file__).resolve().parents[2] / "rules"
-
-
-def rule_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[RuleError]]:
-    files: list[Path] = []
-    errors: list[RuleError] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files.extend(sorted(p.rglob("*.rules.yaml")))
-        elif p.exists():  # a FIFO or device named here is refused by read_rule_file
-            files.append(p)
-        else:
-            errors.append(RuleError(str(p), 0, "no such file or directory"))
-    return files, errors
-
-
-# The shipped files are at most 17 KB; a rule file a hundred times that is a mistake, and
-# reading and parsing one of 40 MB took 86 s and 2.7 GB.
-MAX_RULE_FILE_BYTES = 1 << 20
-
-
-class RuleFileRefused(ValueError):
-    """A rule file moptd will not read: not a regular file, or over the size limit."""
-
-
-def read_rule_file(path: Path) -> str:
-    """The text of one rule file, read without blocking: a FIFO or device under rules.d
-    is refused by its kind (opening with O_NONBLOCK never waits for a writer), and a
-    file over MAX_RULE_FILE_BYTES by its size, before anything is parsed."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RuleFileRefused(f"not a regular file (a {kind_of(st.st_mode)}); not read")
-        if st.st_size > MAX_RULE_FILE_BYTES:
-            raise RuleFileRefused(
-                f"{st.st_size} bytes, over the {MAX_RULE_FILE_BYTES}-byte limit for a rule file"
-            )
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(MAX_RULE_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RULE_FILE_BYTES:  # grew while we read it
-        raise RuleFileRefused(f"over the {MAX_RULE_FILE_BYTES}-byte limit for a rule file")
-    return data.decode("utf-8")
-
-
 def _validate(doc: object, file: str) -> list[RuleError]:
     import jsonschema  # type: ignore[import-untyped]
 
@@ -242,10 +182,16 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
                 RuleError(str(f), 1, "a rule file is a mapping with schema: moptd.rules/v1")
             )
             continue
-        errs = _validate(doc, str(f))
-        if errs:
-            errors.extend(errs)
-            continue
+        # a read-only command skips the check for bytes that passed it before (rulefiles.py)
+        known = rulefiles.VALIDATED
+        digest = rulefiles.schema_digest(text) if known is not None else ""
+        if known is None or digest not in known:
+            errs = _validate(doc, str(f))
+            if errs:
+                errors.extend(errs)
+                continue
+            if known is not None:
+                known.add(digest)
         sources.append(_Source(str(f), doc))
 
     lists: dict[str, list[object]] = {}

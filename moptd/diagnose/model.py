@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from moptd.diagnose.codes import Severity
-from moptd.diagnose.expr import Expr
+
+if TYPE_CHECKING:  # annotations only: `moptd explain` reads the model without the compiler
+    from moptd.diagnose.expr import Expr
 
 ACTION_KINDS = (
     "inspect",

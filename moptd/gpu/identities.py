@@ -8,7 +8,6 @@ import logging
 import re
 from pathlib import Path
 
-from moptd.gpu.backend import NvmlBackend
 from moptd.proc.pci import pci_key
 
 log = logging.getLogger(__name__)
@@ -18,6 +17,10 @@ def gpu_identities(procfs: Path) -> tuple[dict[str, int], dict[str, str], str]:
     """(index by PCI bus id, UUID by bus id, user-space driver version) from NVML; where
     NVML is absent, the GPUs under /proc/driver/nvidia/gpus in bus order (NVML's default
     enumeration order) and no version."""
+    # imported here: the configuration imports this module (a collector's), and `moptd
+    # explain` must not load pynvml for that (BENCHMARKS.md, issue 31)
+    from moptd.gpu.backend import NvmlBackend
+
     try:
         backend = NvmlBackend()
         backend.init()

@@ -169,8 +169,7 @@ def parse_catalog(text: str, source: str = "xid_catalog.yaml") -> dict[int, XidI
 
 def parse_full(text: str, source: str = "xid_catalog.yaml") -> Catalog:
     try:
-        root = yamlsafe.compose(text)
-        data = yamlsafe.load(text)
+        root, data = yamlsafe.compose_and_load(text)  # one parse: lines and values
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -10,8 +10,6 @@ import contextlib
 import math
 from collections import deque
 
-from prometheus_client.utils import floatToGoString
-
 from moptd.catalog import BUCKET_LABEL, HISTOGRAM_SUM
 from moptd.observations import Batch, labels_of
 from moptd.serving.engines import HISTOGRAMS, EngineView
@@ -108,6 +106,10 @@ def add_histogram(b: Batch, signal: str, subject: str, h: Histogram) -> None:
 
 
 def _le(bound: float) -> str:
+    # imported here: the configuration imports this module, and `moptd explain` must not
+    # load prometheus_client for that (BENCHMARKS.md, issue 31)
+    from prometheus_client.utils import floatToGoString
+
     text: str = floatToGoString(bound)  # type: ignore[no-untyped-call]
     return text
 
