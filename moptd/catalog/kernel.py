@@ -42,6 +42,9 @@ _XID_FIELDS = (
     "link_scope",
     "intrinfo",
     "error_status",
+    # NVIDIA's Xid 144-150 decode of those two words (moptd/kernel/nvlink5.py)
+    "nvlink5_action",
+    "nvlink5_severity",
     "user",
     "cmdline",
     "pod_uid",
