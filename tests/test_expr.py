@@ -156,7 +156,8 @@ def test_trace_records_what_each_condition_saw(store: SignalStore) -> None:
             "caused_by, cmdline, code, compute_instance, container, diagnoses, error_status, "
             "facility, gpc, gpu_instance, incident, intrinfo, link, link_scope, location, "
             "message, mmu_access_type, mmu_client, mmu_engine, mmu_fault_type, mnemonic, "
-            "nvlink5_action, nvlink5_severity, nvlink_unit, nvlink_xc, pci_bus_id, pid, plan, pod_uid, previous_recovery_action, "
+            "nvlink5_action, nvlink5_severity, nvlink_unit, nvlink_xc, pci_bus_id, pid, plan, "
+            "pod_uid, previous_recovery_action, "
             "previous_recovery_action_code, process, recovery_action, recovery_action_code, "
             "severity, sm, tpc, user, uuid)",
         ),
