@@ -252,7 +252,7 @@ def evaluate(
                         or (traced is not None and traced(rule.id, env.subject))
                     )
                 ):
-                    if last.stamp.holds(store, now):
+                    if last.stamp.holds(store, now, evidence_at):
                         # nothing it read can have changed: the entry stands as it is
                         reuse.reused += 1
                         reuse.unread += 1

@@ -132,16 +132,28 @@ class Stamp:
     first value, a series seen again after a silence) or when the series has been seen for
     its whole window (``until`` then). A window function holds while the window has nothing
     in it or only the value carried in from before it (Series.constant_until); points
-    inside the window move it with the clock: unbounded."""
+    inside the window move it with the clock: unbounded.
 
-    __slots__ = ("series", "streams", "until")
+    Replay reads a namespace's series as of its newest evidence (Env.evidence_at), not of
+    the clock. Such reads are kept apart, per namespace (``held``): the time they were
+    read as of, and the bound above in that time's terms. They hold while that time
+    stands (the read is a function of the store and of it alone: a new sample of the
+    namespace always moves it, also one that repeats a value and bumps no generation) or
+    has not passed the bound; a window read as of a stood time can still change when the
+    store's retention drops points (``evictions``)."""
+
+    __slots__ = ("evictions", "held", "series", "streams", "until")
 
     def __init__(self) -> None:
         self.series: dict[str, int] = {}
         self.streams: dict[str, int] = {}
+        self.held: dict[str, tuple[float, float]] = {}  # namespace -> (read as of, until)
+        self.evictions = -1  # SignalStore.evictions when a held window was read, else -1
         self.until = math.inf
 
-    def holds(self, store: SignalStore, now: float) -> bool:
+    def holds(
+        self, store: SignalStore, now: float, evidence_at: Mapping[str, float] | None = None
+    ) -> bool:
         if now > self.until:
             return False
         gens = store.generations
@@ -152,7 +164,23 @@ class Stamp:
         for name, g in self.streams.items():
             if appended(name) != g:
                 return False
+        if self.held:
+            if self.evictions >= 0 and store.evictions != self.evictions:
+                return False
+            for ns, (at, until) in self.held.items():
+                h = None if evidence_at is None else evidence_at.get(ns)
+                t = now if h is None or h > now else h  # what the read would be as of now
+                if t != at and t > until:
+                    return False
         return True
+
+    def hold_at(self, namespace: str, at: float, until: float) -> None:
+        """A read of the namespace as of `at`, unchanged while the time read as of is
+        `at` or at most `until`."""
+        known = self.held.get(namespace)
+        if known is not None and known[1] < until:
+            until = known[1]
+        self.held[namespace] = (at, until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -733,8 +761,15 @@ class Compiler:
                 env.reads.append((run, result))
             stamp = env.stamp
             if stamp is not None:
-                stamp.series[name] = env.store.generations.get(name, 0)
-                if until < stamp.until:
+                store = env.store
+                stamp.series[name] = store.generations.get(name, 0)
+                held = env.evidence_at
+                at = None if held is None else held.get(namespace)
+                if at is not None and at <= env.now:
+                    stamp.hold_at(namespace, at, until)  # read as of `at` (see Stamp)
+                    if not point_read:
+                        stamp.evictions = store.evictions
+                elif until < stamp.until:
                     stamp.until = until
             return result
 

@@ -143,6 +143,9 @@ class SignalStore:
         # went (rules ask for it on every tick, and subjects rarely change).
         self._known: list[str] | None = None
         self._last_evict = -math.inf
+        # Passes of evict() so far: a window read as of an earlier time than the clock's
+        # (replay's Env.evidence_at) can change when one drops points (moptd.diagnose.expr.Stamp)
+        self.evictions = 0
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
         # signal -> bumped whenever what a point read of it returns may change: a new
         # value, a new or departed series, a text value (moptd.diagnose.expr.Stamp)
@@ -331,6 +334,7 @@ class SignalStore:
             del self._attrs[subject]
         self._known = None
         self._last_evict = now
+        self.evictions += 1
 
     # --- reading ---
 
