@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moptd.diagnose.expr import Compiled, Env, Expr, Stamp, truth
+from moptd.diagnose.expr import Compiled, Env, Expr, Stamp, held_name, truth
 from moptd.diagnose.loader import PLACEHOLDER
 from moptd.diagnose.model import Branch, Rule, RuleSet, Verdict
 from moptd.observations import subject_id, subject_kind
@@ -119,6 +119,7 @@ class Kept:
     stamp: Stamp  # what those reads depended on
     missing: frozenset[str]
     traced: bool  # the result carries its decision path and evidence
+    checked: int = 0  # the Reuse pass in which it was made or last held
 
 
 class Reuse:
@@ -139,6 +140,29 @@ class Reuse:
         self.kept: dict[tuple[int, str], Kept] = {}
         self.reused = 0  # results taken from the last pass, for tests and benchmarks
         self.unread = 0  # of those, taken without reading again (the stamp held)
+        # What changed since the last pass: with it, an entry made or held in that pass
+        # is checked against the few names that changed (Stamp.holds_since) rather than
+        # against every generation it read (Stamp.holds)
+        self.passes = 0
+        self._store: SignalStore | None = None
+        self._mark = 0  # the store's change count when the last pass began
+        self._evidence: dict[str, float] = {}  # evidence_at when the last pass began
+        self.changed: set[str] | None = None  # this pass's: None when unknown
+        self.moved: set[str] = set()
+
+    def begin(
+        self, store: SignalStore, now: float, evidence_at: Mapping[str, float] | None
+    ) -> None:
+        """A pass starts: what changed in the store and the evidence times since the last."""
+        self.passes += 1
+        self.changed = store.changed_since(self._mark) if store is self._store else None
+        self._store, self._mark = store, store.changes
+        evidence = dict(evidence_at) if evidence_at else {}
+        last = self._evidence
+        # an evidence time ahead of the clock counts as moved: reads follow the clock then
+        self.moved = {held_name(ns) for ns, t in evidence.items() if t > now or last.get(ns) != t}
+        self.moved.update(held_name(ns) for ns in last if ns not in evidence)
+        self._evidence = evidence
 
 
 def _unchanged(reads: Reads, env: Env) -> bool:
@@ -199,6 +223,12 @@ def evaluate(
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
     kept = reuse.kept if reuse is not None else {}
     keep: dict[tuple[int, str], Kept] = {}
+    changed: set[str] | None = None
+    moved: set[str] = set()
+    this_pass = 0
+    if reuse is not None:
+        reuse.begin(store, now, evidence_at)
+        changed, moved, this_pass = reuse.changed, reuse.moved, reuse.passes
 
     timed = budget is not None
     clock = time.perf_counter if budget is None else budget.clock
@@ -252,10 +282,15 @@ def evaluate(
                         or (traced is not None and traced(rule.id, env.subject))
                     )
                 ):
-                    if last.stamp.holds(store, now, evidence_at):
+                    if (
+                        last.stamp.holds_since(now, changed, moved)
+                        if changed is not None and last.checked == this_pass - 1
+                        else last.stamp.holds(store, now, evidence_at)
+                    ):
                         # nothing it read can have changed: the entry stands as it is
                         reuse.reused += 1
                         reuse.unread += 1
+                        last.checked = this_pass
                         keep[key] = last
                         out.append(last.result)
                         continue
@@ -300,7 +335,7 @@ def evaluate(
                         out.append(res)
                         continue
                 if reads is not None and stamp is not None:
-                    keep[key] = Kept(res, reads, stamp, missing, was_traced)
+                    keep[key] = Kept(res, reads, stamp.seal(), missing, was_traced, this_pass)
                 out.append(res)
             if stopped:
                 break

@@ -23,7 +23,7 @@ from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.durations import parse_duration
 from moptd.observations import Event, subject_kind
 from moptd.proc.pci import normalize_pci
-from moptd.store import EventLog, Series, SignalStore
+from moptd.store import EVICTED, EventLog, Series, SignalStore
 
 Value = float | str | bool | None
 Compiled = Callable[["Env"], object]
@@ -115,6 +115,11 @@ class Env:
     oldest: list[float] | None = None
 
 
+def held_name(namespace: str) -> str:
+    """A namespace's evidence time, named apart from signals and streams (Stamp.seal)."""
+    return "@" + namespace
+
+
 class Stamp:
     """What a rule's reads on one subject depended on: the store generation of each signal
     and event stream they read, and the latest time until which the time alone cannot
@@ -142,7 +147,16 @@ class Stamp:
     has not passed the bound; a window read as of a stood time can still change when the
     store's retention drops points (``evictions``)."""
 
-    __slots__ = ("evictions", "held", "series", "streams", "until")
+    __slots__ = (
+        "deps",
+        "evictions",
+        "held",
+        "held_deps",
+        "held_until",
+        "series",
+        "streams",
+        "until",
+    )
 
     def __init__(self) -> None:
         self.series: dict[str, int] = {}
@@ -150,6 +164,22 @@ class Stamp:
         self.held: dict[str, tuple[float, float]] = {}  # namespace -> (read as of, until)
         self.evictions = -1  # SignalStore.evictions when a held window was read, else -1
         self.until = math.inf
+        # set by seal(), for the engine's check against what changed since the last pass
+        self.deps: frozenset[str] = frozenset()
+        self.held_deps: frozenset[str] = frozenset()
+        self.held_until = math.inf
+
+    def seal(self) -> Stamp:
+        """Once the reads are made: the names of what they depend on, as the store's change
+        log (SignalStore.changed_since) and held_name() name them, and the earliest bound
+        of the held reads (the clock alone passing none of them, they hold)."""
+        deps = {*self.series, *self.streams}
+        if self.evictions >= 0:
+            deps.add(EVICTED)
+        self.deps = frozenset(deps)
+        self.held_deps = frozenset(map(held_name, self.held))
+        self.held_until = min((until for _, until in self.held.values()), default=math.inf)
+        return self
 
     def holds(
         self, store: SignalStore, now: float, evidence_at: Mapping[str, float] | None = None
@@ -173,6 +203,16 @@ class Stamp:
                 if t != at and t > until:
                     return False
         return True
+
+    def holds_since(self, now: float, changed: set[str], moved: set[str]) -> bool:
+        """holds(), for a stamp that held (or was made) in the pass before, from what
+        changed since: `changed` as SignalStore.changed_since gives it, `moved` the
+        held_name() of each namespace whose evidence time moved."""
+        if now > self.until or not changed.isdisjoint(self.deps):
+            return False
+        # a held read's bound is in the terms of the time it is read as of, never later
+        # than the clock: passing none of them by the clock, the reads stand
+        return now <= self.held_until or moved.isdisjoint(self.held_deps)
 
     def hold_at(self, namespace: str, at: float, until: float) -> None:
         """A read of the namespace as of `at`, unchanged while the time read as of is
@@ -728,6 +768,10 @@ class Compiler:
             return (env.subject,)
 
         point_read = fname in ("last", "lowest", "highest", "present", "absent", "seen_for")
+        # functions of the window's values alone, which the clock moves only when a value
+        # leaves the window (Series.values_until); a window longer than the retention may
+        # lose values to it, so those keep the general bound
+        of_values = fname in ("min", "max", "increase", "changes")
         method: Callable[..., float | int | None] | None = (
             None if point_read or fname == "quantile" else getattr(Series, fname)
         )
@@ -805,7 +849,10 @@ class Compiler:
                                 until = math.nextafter(covered_at, -math.inf)
                     else:
                         v = one(series, now)
-                        bound = series.constant_until(now, window)
+                        if of_values and window <= store.retention:
+                            bound = series.values_until(now, window)
+                        else:
+                            bound = series.constant_until(now, window)
                         if bound < until:
                             until = bound
                     if v is not None and v == v:  # v != v: NaN

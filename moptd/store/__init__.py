@@ -33,8 +33,10 @@ from moptd.store.series import Series
 SeriesKey = tuple[str, str, Labels]  # (signal, subject, labels)
 
 _NO_SERIES: Mapping[Labels, Series] = {}
+CHANGE_LOG = 4096  # changes SignalStore.changed_since can name (a rule pass sees tens)
+EVICTED = "#evicted"  # in the change log: an eviction pass (no signal or stream is so named)
 
-__all__ = ["EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
+__all__ = ["CHANGE_LOG", "EVICTED", "EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
 
 
 class EventLog:
@@ -146,6 +148,11 @@ class SignalStore:
         # Passes of evict() so far: a window read as of an earlier time than the clock's
         # (replay's Env.evidence_at) can change when one drops points (moptd.diagnose.expr.Stamp)
         self.evictions = 0
+        # What changed lately, for a reader that asks what changed since it last looked
+        # (changed_since): the signals bumped, the streams appended to and EVICTED, in
+        # order, the last CHANGE_LOG of them; `changes` counts every one ever logged.
+        self.changes = 0
+        self._change_log: deque[str] = deque(maxlen=CHANGE_LOG)
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
         # signal -> bumped whenever what a point read of it returns may change: a new
         # value, a new or departed series, a text value (moptd.diagnose.expr.Stamp)
@@ -271,6 +278,18 @@ class SignalStore:
 
     def _bump(self, signal: str) -> None:
         self.generations[signal] = self.generations.get(signal, 0) + 1
+        self._change_log.append(signal)
+        self.changes += 1
+
+    def changed_since(self, mark: int) -> set[str] | None:
+        """The signals bumped, streams appended to and EVICTED (an eviction pass) since
+        `changes` was `mark`; None when the log no longer reaches back that far."""
+        n = self.changes - mark
+        if n == 0:
+            return set()
+        if n < 0 or n > len(self._change_log):
+            return None
+        return set(islice(reversed(self._change_log), n))
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
@@ -292,6 +311,8 @@ class SignalStore:
             if log is None:
                 log = self._events[ev.stream] = EventLog(self.max_events)
             log.append(ev)
+            self._change_log.append(ev.stream)
+            self.changes += 1
         if notify:
             self._notify(added)
 
@@ -335,6 +356,8 @@ class SignalStore:
         self._known = None
         self._last_evict = now
         self.evictions += 1
+        self._change_log.append(EVICTED)
+        self.changes += 1
 
     # --- reading ---
 
