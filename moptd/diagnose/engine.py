@@ -141,8 +141,8 @@ class Reuse:
         self.reused = 0  # results taken from the last pass, for tests and benchmarks
         self.unread = 0  # of those, taken without reading again (the stamp held)
         # What changed since the last pass: with it, an entry made or held in that pass
-        # is checked against the few names that changed (Stamp.holds_since) rather than
-        # against every generation it read (Stamp.holds)
+        # is checked against the few names that changed (Stamp.seal names its own) rather
+        # than against every generation it read (Stamp.holds)
         self.passes = 0
         self._store: SignalStore | None = None
         self._mark = 0  # the store's change count when the last pass began
@@ -229,6 +229,8 @@ def evaluate(
     if reuse is not None:
         reuse.begin(store, now, evidence_at)
         changed, moved, this_pass = reuse.changed, reuse.moved, reuse.passes
+    held_last = this_pass - 1  # an entry made or held in the last pass: checked since then
+    reused = unread = 0  # added to reuse's counts at the end (this loop is the hot path)
 
     timed = budget is not None
     clock = time.perf_counter if budget is None else budget.clock
@@ -250,6 +252,7 @@ def evaluate(
         for rule in rule_list:
             if not rule.enabled:
                 continue
+            rule_key = id(rule)
             scope_envs = envs.get(rule.scope)
             if scope_envs is None:
                 scope_envs = _envs(envs, rule.scope, store, now, missing, memo, evidence_at)
@@ -262,18 +265,17 @@ def evaluate(
                         stopped = True
                         break
                     done += 1
-                key = (id(rule), env.subject)
+                key = (rule_key, env.subject)
                 last = kept.get(key)
                 reads: Reads | None = None
                 stamp: Stamp | None = None
                 res: Result | None = None
                 was_traced = False
                 if (
-                    reuse is not None
-                    and last is not None
+                    last is not None
                     and last.result.rule is rule  # an id can be reused after a reload
                     and last.result.pci_bus_id == env.pci_bus_id
-                    and last.missing == missing
+                    and (last.missing is missing or last.missing == missing)
                     # a result with its path where one is wanted, and without where not: the
                     # same as a full walk gives (a finding that closed drops its trace)
                     and last.traced
@@ -282,14 +284,21 @@ def evaluate(
                         or (traced is not None and traced(rule.id, env.subject))
                     )
                 ):
+                    st = last.stamp
                     if (
-                        last.stamp.holds_since(now, changed, moved)
-                        if changed is not None and last.checked == this_pass - 1
-                        else last.stamp.holds(store, now, evidence_at)
+                        # holds(), for an entry made or held in the last pass, from what
+                        # changed since (the store's log, the evidence times that moved);
+                        # a held read's bound is in the terms of the time it is read as
+                        # of, never later than the clock. Inlined: most pairs end here.
+                        now <= st.until
+                        and changed.isdisjoint(st.deps)
+                        and (now <= st.held_until or moved.isdisjoint(st.held_deps))
+                        if changed is not None and last.checked == held_last
+                        else st.holds(store, now, evidence_at)
                     ):
                         # nothing it read can have changed: the entry stands as it is
-                        reuse.reused += 1
-                        reuse.unread += 1
+                        reused += 1
+                        unread += 1
                         last.checked = this_pass
                         keep[key] = last
                         out.append(last.result)
@@ -299,7 +308,7 @@ def evaluate(
                         if _unchanged(last.reads, env):
                             res, reads, stamp = last.result, last.reads, env.stamp
                             was_traced = last.traced
-                            reuse.reused += 1
+                            reused += 1
                     finally:
                         env.stamp = None
                 if res is None:
@@ -346,6 +355,8 @@ def evaluate(
         _account(budget, rule_list, envs, first, done, kept, keep)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
+        reuse.reused += reused
+        reuse.unread += unread
     return out
 
 

@@ -16,6 +16,7 @@ import operator
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from moptd.catalog import SignalSpec
@@ -115,6 +116,9 @@ class Env:
     oldest: list[float] | None = None
 
 
+_NO_NAMES: frozenset[str] = frozenset()
+
+
 def held_name(namespace: str) -> str:
     """A namespace's evidence time, named apart from signals and streams (Stamp.seal)."""
     return "@" + namespace
@@ -165,20 +169,21 @@ class Stamp:
         self.evictions = -1  # SignalStore.evictions when a held window was read, else -1
         self.until = math.inf
         # set by seal(), for the engine's check against what changed since the last pass
-        self.deps: frozenset[str] = frozenset()
-        self.held_deps: frozenset[str] = frozenset()
+        self.deps: AbstractSet[str] = _NO_NAMES
+        self.held_deps: AbstractSet[str] = _NO_NAMES
         self.held_until = math.inf
 
     def seal(self) -> Stamp:
         """Once the reads are made: the names of what they depend on, as the store's change
         log (SignalStore.changed_since) and held_name() name them, and the earliest bound
         of the held reads (the clock alone passing none of them, they hold)."""
-        deps = {*self.series, *self.streams}
+        deps = self.series.keys() | self.streams.keys()
         if self.evictions >= 0:
             deps.add(EVICTED)
-        self.deps = frozenset(deps)
-        self.held_deps = frozenset(map(held_name, self.held))
-        self.held_until = min((until for _, until in self.held.values()), default=math.inf)
+        self.deps = deps
+        if self.held:
+            self.held_deps = {held_name(ns) for ns in self.held}
+            self.held_until = min(until for _, until in self.held.values())
         return self
 
     def holds(
@@ -203,16 +208,6 @@ class Stamp:
                 if t != at and t > until:
                     return False
         return True
-
-    def holds_since(self, now: float, changed: set[str], moved: set[str]) -> bool:
-        """holds(), for a stamp that held (or was made) in the pass before, from what
-        changed since: `changed` as SignalStore.changed_since gives it, `moved` the
-        held_name() of each namespace whose evidence time moved."""
-        if now > self.until or not changed.isdisjoint(self.deps):
-            return False
-        # a held read's bound is in the terms of the time it is read as of, never later
-        # than the clock: passing none of them by the clock, the reads stand
-        return now <= self.held_until or moved.isdisjoint(self.held_deps)
 
     def hold_at(self, namespace: str, at: float, until: float) -> None:
         """A read of the namespace as of `at`, unchanged while the time read as of is
@@ -788,6 +783,9 @@ class Compiler:
             (fname, name, window, q, want, collector, across_gpus), len(_READ_IDS)
         )
         wants_text = fname in ("last", "present", "absent") and not want
+        # one label asked for (reason="hw_slowdown"), the usual case: a tuple lookup per
+        # label set, not a generator over the pairs asked for
+        want_one = want[0] if len(want) == 1 else None
 
         def run(env: Env) -> object:
             memo = env.memo
@@ -831,7 +829,10 @@ class Compiler:
             fresh_from = now - stale_after
             for subj in subjects(env):
                 for lbls, series in store.labelled(name, subj).items():
-                    if want and not all(kv in lbls for kv in want):
+                    if want_one is not None:
+                        if want_one not in lbls:
+                            continue
+                    elif want and not all(kv in lbls for kv in want):
                         continue
                     if point_read:
                         seen = series.last_seen
