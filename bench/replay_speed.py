@@ -189,6 +189,7 @@ def _ab(
         )
         same = {json.dumps(x["codes"]) for rs in runs.values() for x in rs}
         print(f"same codes on both sides: {len(same) == 1}")
+    print(f"load average after: {os.getloadavg()[0]:.2f} (1 min), {os.getloadavg()[1]:.2f} (5 min)")
 
 
 def main() -> None:
