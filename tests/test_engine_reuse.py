@@ -288,3 +288,33 @@ def test_a_window_read_as_of_old_evidence_is_read_again_after_eviction(tmp_path:
     other.add("host.memory_available", "node", 1e9)
     store.ingest("host", other, t=3800.0)  # the retention's pass drops the 95 at 0 s
     assert at(3800.0) == ("ok", "ok")
+
+
+def test_subjects_follow_new_event_subjects_and_changed_addresses(tmp_path: Path) -> None:
+    """Reuse keeps each scope's subjects while the store's layout stands: a GPU known only
+    from a kernel line, and a GPU whose PCI address changes to that line's, must show."""
+    rules = one_rule(tmp_path, "count(kernel.xid, 1h) > 0")
+    store = SignalStore(clock=VirtualClock(0.0))
+    reuse = Reuse()
+
+    def gpu0(pci: str, t: float) -> None:
+        b = Batch()
+        b.add("gpu.temperature", "gpu:0", 50.0)
+        b.describe("gpu:0", pci_bus_id=pci)
+        store.ingest("t", b, t=t)
+
+    def at(t: float) -> list[tuple[str, str]]:
+        full = [(r.subject, r.status) for r in evaluate(rules, store, t)]
+        again = [(r.subject, r.status) for r in evaluate(rules, store, t, reuse=reuse)]
+        assert again == full
+        return again
+
+    gpu0("00000000:19:00.0", 0.0)
+    assert at(1.0) == [("gpu:0", "ok")]
+    store.add_events([Event("kernel.xid", "gpu:0", 1.5, {"code": 79})])
+    assert at(2.0) == [("gpu:0", "match")]
+    # a second subject in a stream that was there already
+    store.add_events([Event("kernel.xid", "gpu:0000:3b:00.0", 2.5, {"code": 79})])
+    assert at(3.0) == [("gpu:0", "match"), ("gpu:0000:3b:00.0", "match")]
+    gpu0("00000000:3B:00.0", 4.0)  # the line's GPU is gpu:0 after all
+    assert at(5.0) == [("gpu:0", "match")]

@@ -149,12 +149,19 @@ class Reuse:
         self._evidence: dict[str, float] = {}  # evidence_at when the last pass began
         self.changed: set[str] | None = None  # this pass's: None when unknown
         self.moved: set[str] = set()
+        # scope -> its subjects (subjects_for), kept while the store's layout_key stands
+        self.subjects: dict[str, list[tuple[str, str | None]]] = {}
+        self._layout: tuple[int, int] | None = None
 
     def begin(
         self, store: SignalStore, now: float, evidence_at: Mapping[str, float] | None
     ) -> None:
         """A pass starts: what changed in the store and the evidence times since the last."""
         self.passes += 1
+        layout = store.layout_key()
+        if store is not self._store or layout != self._layout:
+            self.subjects = {}
+        self._layout = layout
         self.changed = store.changed_since(self._mark) if store is self._store else None
         self._store, self._mark = store, store.changes
         evidence = dict(evidence_at) if evidence_at else {}
@@ -221,6 +228,7 @@ def evaluate(
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
+    subjects: dict[str, list[tuple[str, str | None]]] = {}  # scope -> subjects_for
     kept = reuse.kept if reuse is not None else {}
     keep: dict[tuple[int, str], Kept] = {}
     changed: set[str] | None = None
@@ -229,6 +237,7 @@ def evaluate(
     if reuse is not None:
         reuse.begin(store, now, evidence_at)
         changed, moved, this_pass = reuse.changed, reuse.moved, reuse.passes
+        subjects = reuse.subjects
     held_last = this_pass - 1  # an entry made or held in the last pass: checked since then
     reused = unread = 0  # added to reuse's counts at the end (this loop is the hot path)
 
@@ -239,7 +248,7 @@ def evaluate(
     stopped = False  # the budget ran out
     if budget is not None:
         total = sum(
-            len(_envs(envs, rule.scope, store, now, missing, memo, evidence_at))
+            len(_envs(envs, rule.scope, store, now, missing, memo, evidence_at, subjects))
             for rule in rule_list
             if rule.enabled
         )
@@ -255,7 +264,9 @@ def evaluate(
             rule_key = id(rule)
             scope_envs = envs.get(rule.scope)
             if scope_envs is None:
-                scope_envs = _envs(envs, rule.scope, store, now, missing, memo, evidence_at)
+                scope_envs = _envs(
+                    envs, rule.scope, store, now, missing, memo, evidence_at, subjects
+                )
             for env in scope_envs:
                 if timed:
                     pos += 1
@@ -368,13 +379,18 @@ def _envs(
     missing: frozenset[str],
     memo: dict[tuple[object, ...], object],
     evidence_at: Mapping[str, float] | None,
+    subjects: dict[str, list[tuple[str, str | None]]],
 ) -> list[Env]:
-    """One Env per subject of the scope, made once a pass and shared by its rules."""
+    """One Env per subject of the scope, made once a pass and shared by its rules; the
+    subjects are found once while the store's layout stands (`subjects`, Reuse's)."""
     scope_envs = envs.get(scope)
     if scope_envs is None:
+        found = subjects.get(scope)
+        if found is None:
+            found = subjects[scope] = subjects_for(scope, store)
         scope_envs = envs[scope] = [
             Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
-            for subject, pci in subjects_for(scope, store)
+            for subject, pci in found
         ]
     return scope_envs
 
