@@ -456,6 +456,8 @@ def parse_timestamp(s: str) -> float | None:
 
 
 def _tree(el: ET.Element) -> _Node:
+    if not len(el):  # a leaf, most elements: no comprehension to run (a call of its own)
+        return _Node(el.tag, (el.text or "").strip(), 0, [])
     return _Node(el.tag, (el.text or "").strip(), 0, [_tree(child) for child in el])
 
 
