@@ -97,9 +97,14 @@ def replay_once(bundle: Path) -> dict[str, object]:
     }
 
 
-def _child(tree: Path, bundle: Path) -> dict[str, object]:
-    """``moptd replay BUNDLE --json`` of ``tree`` in a child: wall, CPU, peak RSS, codes."""
+def _child(tree: Path, bundle: Path, pycache: Path | None = None) -> dict[str, object]:
+    """``moptd replay BUNDLE --json`` of ``tree`` in a child: wall, CPU, peak RSS, codes.
+    With ``pycache``, the child reads and writes its compiled modules there (as an
+    installed package has them) instead of compiling every module from source."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -132,7 +137,9 @@ def _bundle_size(root: Path) -> float:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 1e6
 
 
-def _ab(hours: float, rounds: int, other: Path | None, shape: str, this: Path) -> None:
+def _ab(
+    hours: float, rounds: int, other: Path | None, shape: str, this: Path, bytecode: bool = False
+) -> None:
     trees = [("this", this.resolve())] + ([("other", other.resolve())] if other else [])
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "bundle"
@@ -142,11 +149,16 @@ def _ab(hours: float, rounds: int, other: Path | None, shape: str, this: Path) -
             span = make_bundle(bundle, hours * 60)
         print(f"bundle: {hours:g} h, shape {shape}, {_bundle_size(bundle):.1f} MB, {span:.0f} s; "
               f"trees: {', '.join(f'{n} = {t}' for n, t in trees)}; "
+              f"modules: {'compiled once, untimed' if bytecode else 'from source every run'}; "
               f"load average before: {os.getloadavg()[0]:.2f}")
+        caches = {name: Path(tmp) / f"pycache-{name}" if bytecode else None for name, _ in trees}
+        if bytecode:
+            for name, tree in trees:  # an untimed run that writes each tree's .pyc files
+                _child(tree, bundle, caches[name])
         runs: dict[str, list[dict[str, object]]] = {name: [] for name, _ in trees}
         for r in range(1, rounds + 1):
             for name, tree in trees if r % 2 else trees[::-1]:
-                res = _child(tree, bundle)
+                res = _child(tree, bundle, caches[name])
                 runs[name].append(res)
                 wall = float(str(res["wall_s"]))
                 print(
@@ -177,6 +189,7 @@ def _ab(hours: float, rounds: int, other: Path | None, shape: str, this: Path) -
         )
         same = {json.dumps(x["codes"]) for rs in runs.values() for x in rs}
         print(f"same codes on both sides: {len(same) == 1}")
+    print(f"load average after: {os.getloadavg()[0]:.2f} (1 min), {os.getloadavg()[1]:.2f} (5 min)")
 
 
 def main() -> None:
@@ -187,9 +200,16 @@ def main() -> None:
     ap.add_argument("--other", type=Path, help="another checkout to replay alternately")
     ap.add_argument("--this", type=Path, default=THIS, help="the tree measured (default: this)")
     ap.add_argument("--shape", choices=("samples", "dumps"), default="samples")
+    ap.add_argument(
+        "--bytecode",
+        action="store_true",
+        help="each tree's modules compiled once before the timed runs, as an installed "
+        "package has them (default: as the environment says; PYTHONDONTWRITEBYTECODE=1 "
+        "compiles every module from source in every run)",
+    )
     args = ap.parse_args()
     if args.hours is not None:
-        _ab(args.hours, args.rounds, args.other, args.shape, args.this)
+        _ab(args.hours, args.rounds, args.other, args.shape, args.this, args.bytecode)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "bundle"

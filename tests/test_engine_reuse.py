@@ -150,6 +150,39 @@ def test_reuse_gives_the_results_of_a_full_walk(shipped: RuleSet, steps: list) -
         assert outcome(again) == outcome(full)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(step, min_size=2, max_size=12))
+def test_reuse_as_replay_reads_gives_the_results_of_a_full_walk(
+    shipped: RuleSet, steps: list
+) -> None:
+    """As replay evaluates: each namespace's series read as of its newest evidence
+    (evidence_at), which a reused result may rest on however far the clock moves, until
+    new evidence of the namespace or the retention changes what the read sees."""
+    clock = VirtualClock(1000.0)
+    store = SignalStore(clock=clock)
+    reuse = Reuse()
+    counters: dict[tuple[str, str], float] = {}
+    evidence: dict[str, float] = {}
+    now = 1000.0
+    for dt, values, events, missing, salt in steps:
+        now += dt
+        clock.set(now)
+        batch = step_batch(values, counters)
+        store.ingest("test", batch, t=now)
+        for sample in batch.samples:
+            evidence[sample.signal.partition(".")[0]] = now
+        store.add_events(
+            Event(stream, subject, now, {"code": code, "kind": kind})
+            for stream, subject, code, kind in events
+        )
+        traced = traced_by(salt)
+        full = evaluate(shipped, store, now, missing, traced=traced, evidence_at=evidence)
+        again = evaluate(
+            shipped, store, now, missing, traced=traced, reuse=reuse, evidence_at=evidence
+        )
+        assert outcome(again) == outcome(full)
+
+
 def test_a_steady_store_reuses_nearly_everything(shipped: RuleSet) -> None:
     clock = VirtualClock(1000.0)
     store = SignalStore(clock=clock)
@@ -229,3 +262,59 @@ def test_a_changed_event_count_is_walked_again(tmp_path: Path) -> None:
     assert at(3.0) == "match"
     assert at(4.0) == "match"
     assert at(70.0) == "ok"  # the event left the window
+
+
+def test_a_window_read_as_of_old_evidence_is_read_again_after_eviction(tmp_path: Path) -> None:
+    """Replay reads the GPU's window as of its last dump (evidence_at). No new dump comes,
+    so that time stands; but the store's retention drops the hot point from the window,
+    and the reused result must follow what a full walk reads."""
+    rules = one_rule(tmp_path, "max(gpu.temperature, 1h) > 90")
+    store = SignalStore(clock=VirtualClock(0.0))
+    reuse = Reuse()
+    for t, temp in ((0.0, 95.0), (10.0, 50.0), (250.0, 50.0)):
+        b = Batch()
+        b.add("gpu.temperature", "gpu:0", temp)
+        store.ingest("gpu", b, t=t)
+    evidence = {"gpu": 250.0}
+
+    def at(t: float) -> tuple[str, str]:
+        full = evaluate(rules, store, t, evidence_at=evidence)[0].status
+        return full, evaluate(rules, store, t, reuse=reuse, evidence_at=evidence)[0].status
+
+    assert at(250.0) == ("match", "match")
+    assert at(3000.0) == ("match", "match")
+    assert reuse.unread == 1  # the read as of 250 s stood while the clock moved
+    other = Batch()
+    other.add("host.memory_available", "node", 1e9)
+    store.ingest("host", other, t=3800.0)  # the retention's pass drops the 95 at 0 s
+    assert at(3800.0) == ("ok", "ok")
+
+
+def test_subjects_follow_new_event_subjects_and_changed_addresses(tmp_path: Path) -> None:
+    """Reuse keeps each scope's subjects while the store's layout stands: a GPU known only
+    from a kernel line, and a GPU whose PCI address changes to that line's, must show."""
+    rules = one_rule(tmp_path, "count(kernel.xid, 1h) > 0")
+    store = SignalStore(clock=VirtualClock(0.0))
+    reuse = Reuse()
+
+    def gpu0(pci: str, t: float) -> None:
+        b = Batch()
+        b.add("gpu.temperature", "gpu:0", 50.0)
+        b.describe("gpu:0", pci_bus_id=pci)
+        store.ingest("t", b, t=t)
+
+    def at(t: float) -> list[tuple[str, str]]:
+        full = [(r.subject, r.status) for r in evaluate(rules, store, t)]
+        again = [(r.subject, r.status) for r in evaluate(rules, store, t, reuse=reuse)]
+        assert again == full
+        return again
+
+    gpu0("00000000:19:00.0", 0.0)
+    assert at(1.0) == [("gpu:0", "ok")]
+    store.add_events([Event("kernel.xid", "gpu:0", 1.5, {"code": 79})])
+    assert at(2.0) == [("gpu:0", "match")]
+    # a second subject in a stream that was there already
+    store.add_events([Event("kernel.xid", "gpu:0000:3b:00.0", 2.5, {"code": 79})])
+    assert at(3.0) == [("gpu:0", "match"), ("gpu:0000:3b:00.0", "match")]
+    gpu0("00000000:3B:00.0", 4.0)  # the line's GPU is gpu:0 after all
+    assert at(5.0) == [("gpu:0", "match")]

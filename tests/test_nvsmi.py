@@ -332,3 +332,45 @@ def test_cut_or_spliced_xml_raises_only_nvsmi_error(cut: int, junk: str):
     except NvsmiError:
         return
     dump_to_batch(dump)
+
+
+XML_DUMPS = sorted(
+    p for p in FIXTURES.rglob("*") if p.is_file() and p.suffix in (".xml", ".txt")
+    and "<nvidia_smi_log" in p.read_text(errors="replace")[:2000]
+)
+
+
+@pytest.mark.parametrize("path", XML_DUMPS, ids=lambda p: "/".join(p.parts[-4:]))
+def test_xml_read_of_what_the_paths_name_is_the_whole_read(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The <supported_clocks> sections are cut before parsing (half an H200 dump) and
+    only the sections the reader's paths start in become nodes: every real dump reads
+    the same as when the parser is given all of it and makes nodes of all of it."""
+    import moptd.gpu.nvsmi as nvsmi
+
+    text = path.read_text()
+    assert "<supported_clocks>" in text
+    cut = parse_xml(text, path)
+    monkeypatch.setattr(nvsmi, "_without_supported_clocks", lambda body: body)
+    assert parse_xml(text, path) == cut
+    # nor are the sections no path starts in made into nodes: the same read with all
+    monkeypatch.setattr(nvsmi, "_XML_READ", _Everything())
+    assert parse_xml(text, path) == cut
+
+
+class _Everything:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+def test_malformed_xml_after_supported_clocks_names_its_line(tmp_path: Path):
+    text = (H200 / "nvsmi_idle.xml").read_text()
+    lines = text.splitlines(keepends=True)
+    after = max(i for i, line in enumerate(lines) if "</supported_clocks>" in line) + 3
+    lines[after] = "<broken\n"
+    p = tmp_path / "broken.xml"
+    p.write_text("".join(lines))
+    with pytest.raises(NvsmiError) as e:
+        read_dump(p)
+    assert e.value.line in (after + 1, after + 2)  # the tag's line, or where it ends

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from moptd.clock import VirtualClock
 from moptd.observations import Batch, Event, Sample
-from moptd.store import Series, SignalStore
+from moptd.store import CHANGE_LOG, EVICTED, Series, SignalStore
 from moptd.store import series as series_module
 from tests.series_reference import ReferenceSeries
 
@@ -300,3 +300,43 @@ def test_no_source_ever_holds_more_than_max_series(passes):
             assert key in store._series or key in store._text
         assert all(n <= 100 for n in held.values())
         assert held == {k: v for k, v in store._held.items() if v}
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(-1e6, 1e6)), max_size=40),
+       st.floats(0, 2e4), st.floats(0.001, 2e4), st.floats(0, 1), st.floats(0, 2e4))
+def test_values_until_bounds_what_min_max_increase_and_changes_return(
+    points, now, window, frac, beyond
+):
+    """Until values_until, with no new point, the functions of the window's values
+    return what they return now (the rule engine reuses them till then)."""
+    s = Series()
+    for t, v in sorted(points):
+        s.append(t, v)
+    until = s.values_until(now, window)
+    if until < now:
+        return  # no bound: read again next time
+    later = now + beyond if math.isinf(until) else now + frac * (until - now)
+    for name in ("min", "max", "increase", "changes"):
+        got, want = getattr(s, name)(later, window), getattr(s, name)(now, window)
+        assert got == want or (got != got and want != want), (name, later, got, want)
+
+
+def test_changed_since_names_what_changed_and_says_when_it_cannot():
+    store = SignalStore(clock=VirtualClock(0.0))
+    mark = store.changes
+    b = Batch()
+    b.add("gpu.temperature", "gpu:0", 50.0)
+    b.add("gpu.power", "gpu:0", 100.0)
+    store.ingest("t", b, t=1.0)
+    store.add_events([Event("kernel.xid", "gpu:0", 1.0, {"code": 79})])
+    # the first pass also evicts (nothing, but a window read as of the past must look)
+    assert store.changed_since(mark) == {"gpu.temperature", "gpu.power", "kernel.xid", EVICTED}
+    mark = store.changes
+    same = Batch()
+    same.add("gpu.temperature", "gpu:0", 50.0)  # the same value: no point, no change
+    store.ingest("t", same, t=2.0)
+    assert store.changed_since(mark) == set()
+    for i in range(CHANGE_LOG + 1):
+        store.record(Sample("gpu.power", "gpu:0", float(i)), t=3.0 + i)
+    assert store.changed_since(mark) is None  # the log no longer reaches back

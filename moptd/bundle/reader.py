@@ -32,7 +32,6 @@ from moptd.bundle.errors import BundleError
 from moptd.bundle.meta import captured_at, read_meta, read_text
 from moptd.bundle.sources import collect_stack, daemon_log_events
 from moptd.collector import GpuIdentities
-from moptd.collectors.versions import VersionsCollector, replay_context
 from moptd.diagnose.timeline import Observation, Timeline
 from moptd.gpu.nvsmi import NvsmiError, dump_to_batch, read_dump
 from moptd.gpu.recorded import RecordingError, SampleRows, open_rows, read_samples
@@ -133,6 +132,10 @@ def _read_versions(path: Path, tl: Timeline, at: float) -> None:
     if not path.is_file():
         tl.missing_namespaces.add("versions")
         return
+    # imported here: the serving specs it reads cost a replay without versions.json
+    # about a hundredth of its time (issue 32)
+    from moptd.collectors.versions import VersionsCollector, replay_context
+
     collector = VersionsCollector(replay_context(path))
     try:
         batch = collector.read()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moptd.diagnose.expr import Compiled, Env, Expr, Stamp, truth
+from moptd.diagnose.expr import Compiled, Env, Expr, Stamp, held_name, truth
 from moptd.diagnose.loader import PLACEHOLDER
 from moptd.diagnose.model import Branch, Rule, RuleSet, Verdict
 from moptd.diagnose.wording import fmt as fmt  # moved there: the CLI's renderers use it
@@ -120,6 +120,7 @@ class Kept:
     stamp: Stamp  # what those reads depended on
     missing: frozenset[str]
     traced: bool  # the result carries its decision path and evidence
+    checked: int = 0  # the Reuse pass in which it was made or last held
 
 
 class Reuse:
@@ -140,6 +141,36 @@ class Reuse:
         self.kept: dict[tuple[int, str], Kept] = {}
         self.reused = 0  # results taken from the last pass, for tests and benchmarks
         self.unread = 0  # of those, taken without reading again (the stamp held)
+        # What changed since the last pass: with it, an entry made or held in that pass
+        # is checked against the few names that changed (Stamp.seal names its own) rather
+        # than against every generation it read (Stamp.holds)
+        self.passes = 0
+        self._store: SignalStore | None = None
+        self._mark = 0  # the store's change count when the last pass began
+        self._evidence: dict[str, float] = {}  # evidence_at when the last pass began
+        self.changed: set[str] | None = None  # this pass's: None when unknown
+        self.moved: set[str] = set()
+        # scope -> its subjects (subjects_for), kept while the store's layout_key stands
+        self.subjects: dict[str, list[tuple[str, str | None]]] = {}
+        self._layout: tuple[int, int] | None = None
+
+    def begin(
+        self, store: SignalStore, now: float, evidence_at: Mapping[str, float] | None
+    ) -> None:
+        """A pass starts: what changed in the store and the evidence times since the last."""
+        self.passes += 1
+        layout = store.layout_key()
+        if store is not self._store or layout != self._layout:
+            self.subjects = {}
+        self._layout = layout
+        self.changed = store.changed_since(self._mark) if store is self._store else None
+        self._store, self._mark = store, store.changes
+        evidence = dict(evidence_at) if evidence_at else {}
+        last = self._evidence
+        # an evidence time ahead of the clock counts as moved: reads follow the clock then
+        self.moved = {held_name(ns) for ns, t in evidence.items() if t > now or last.get(ns) != t}
+        self.moved.update(held_name(ns) for ns in last if ns not in evidence)
+        self._evidence = evidence
 
 
 def _unchanged(reads: Reads, env: Env) -> bool:
@@ -198,8 +229,18 @@ def evaluate(
     rule_list = rules.rules if isinstance(rules, RuleSet) else tuple(rules)
     memo: dict[tuple[object, ...], object] = {}
     envs: dict[str, list[Env]] = {}  # one Env per subject, shared by the scope's rules
+    subjects: dict[str, list[tuple[str, str | None]]] = {}  # scope -> subjects_for
     kept = reuse.kept if reuse is not None else {}
     keep: dict[tuple[int, str], Kept] = {}
+    changed: set[str] | None = None
+    moved: set[str] = set()
+    this_pass = 0
+    if reuse is not None:
+        reuse.begin(store, now, evidence_at)
+        changed, moved, this_pass = reuse.changed, reuse.moved, reuse.passes
+        subjects = reuse.subjects
+    held_last = this_pass - 1  # an entry made or held in the last pass: checked since then
+    reused = unread = 0  # added to reuse's counts at the end (this loop is the hot path)
 
     timed = budget is not None
     clock = time.perf_counter if budget is None else budget.clock
@@ -208,7 +249,7 @@ def evaluate(
     stopped = False  # the budget ran out
     if budget is not None:
         total = sum(
-            len(_envs(envs, rule.scope, store, now, missing, memo, evidence_at))
+            len(_envs(envs, rule.scope, store, now, missing, memo, evidence_at, subjects))
             for rule in rule_list
             if rule.enabled
         )
@@ -221,9 +262,12 @@ def evaluate(
         for rule in rule_list:
             if not rule.enabled:
                 continue
+            rule_key = id(rule)
             scope_envs = envs.get(rule.scope)
             if scope_envs is None:
-                scope_envs = _envs(envs, rule.scope, store, now, missing, memo, evidence_at)
+                scope_envs = _envs(
+                    envs, rule.scope, store, now, missing, memo, evidence_at, subjects
+                )
             for env in scope_envs:
                 if timed:
                     pos += 1
@@ -233,18 +277,17 @@ def evaluate(
                         stopped = True
                         break
                     done += 1
-                key = (id(rule), env.subject)
+                key = (rule_key, env.subject)
                 last = kept.get(key)
                 reads: Reads | None = None
                 stamp: Stamp | None = None
                 res: Result | None = None
                 was_traced = False
                 if (
-                    reuse is not None
-                    and last is not None
+                    last is not None
                     and last.result.rule is rule  # an id can be reused after a reload
                     and last.result.pci_bus_id == env.pci_bus_id
-                    and last.missing == missing
+                    and (last.missing is missing or last.missing == missing)
                     # a result with its path where one is wanted, and without where not: the
                     # same as a full walk gives (a finding that closed drops its trace)
                     and last.traced
@@ -253,10 +296,22 @@ def evaluate(
                         or (traced is not None and traced(rule.id, env.subject))
                     )
                 ):
-                    if last.stamp.holds(store, now):
+                    st = last.stamp
+                    if (
+                        # holds(), for an entry made or held in the last pass, from what
+                        # changed since (the store's log, the evidence times that moved);
+                        # a held read's bound is in the terms of the time it is read as
+                        # of, never later than the clock. Inlined: most pairs end here.
+                        now <= st.until
+                        and changed.isdisjoint(st.deps)
+                        and (now <= st.held_until or moved.isdisjoint(st.held_deps))
+                        if changed is not None and last.checked == held_last
+                        else st.holds(store, now, evidence_at)
+                    ):
                         # nothing it read can have changed: the entry stands as it is
-                        reuse.reused += 1
-                        reuse.unread += 1
+                        reused += 1
+                        unread += 1
+                        last.checked = this_pass
                         keep[key] = last
                         out.append(last.result)
                         continue
@@ -265,7 +320,7 @@ def evaluate(
                         if _unchanged(last.reads, env):
                             res, reads, stamp = last.result, last.reads, env.stamp
                             was_traced = last.traced
-                            reuse.reused += 1
+                            reused += 1
                     finally:
                         env.stamp = None
                 if res is None:
@@ -301,7 +356,7 @@ def evaluate(
                         out.append(res)
                         continue
                 if reads is not None and stamp is not None:
-                    keep[key] = Kept(res, reads, stamp, missing, was_traced)
+                    keep[key] = Kept(res, reads, stamp.seal(), missing, was_traced, this_pass)
                 out.append(res)
             if stopped:
                 break
@@ -312,6 +367,8 @@ def evaluate(
         _account(budget, rule_list, envs, first, done, kept, keep)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
+        reuse.reused += reused
+        reuse.unread += unread
     return out
 
 
@@ -323,13 +380,18 @@ def _envs(
     missing: frozenset[str],
     memo: dict[tuple[object, ...], object],
     evidence_at: Mapping[str, float] | None,
+    subjects: dict[str, list[tuple[str, str | None]]],
 ) -> list[Env]:
-    """One Env per subject of the scope, made once a pass and shared by its rules."""
+    """One Env per subject of the scope, made once a pass and shared by its rules; the
+    subjects are found once while the store's layout stands (`subjects`, Reuse's)."""
     scope_envs = envs.get(scope)
     if scope_envs is None:
+        found = subjects.get(scope)
+        if found is None:
+            found = subjects[scope] = subjects_for(scope, store)
         scope_envs = envs[scope] = [
             Env(store, subject, now, pci, missing, memo=memo, evidence_at=evidence_at)
-            for subject, pci in subjects_for(scope, store)
+            for subject, pci in found
         ]
     return scope_envs
 

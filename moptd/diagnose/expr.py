@@ -16,6 +16,7 @@ import operator
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from moptd.catalog import SignalSpec
@@ -23,7 +24,7 @@ from moptd.catalog.gpu import CLOCK_EVENT_REASONS
 from moptd.durations import parse_duration
 from moptd.observations import Event, subject_kind
 from moptd.proc.pci import normalize_pci
-from moptd.store import EventLog, Series, SignalStore
+from moptd.store import EVICTED, EventLog, Series, SignalStore
 
 Value = float | str | bool | None
 Compiled = Callable[["Env"], object]
@@ -115,6 +116,14 @@ class Env:
     oldest: list[float] | None = None
 
 
+_NO_NAMES: frozenset[str] = frozenset()
+
+
+def held_name(namespace: str) -> str:
+    """A namespace's evidence time, named apart from signals and streams (Stamp.seal)."""
+    return "@" + namespace
+
+
 class Stamp:
     """What a rule's reads on one subject depended on: the store generation of each signal
     and event stream they read, and the latest time until which the time alone cannot
@@ -132,16 +141,54 @@ class Stamp:
     first value, a series seen again after a silence) or when the series has been seen for
     its whole window (``until`` then). A window function holds while the window has nothing
     in it or only the value carried in from before it (Series.constant_until); points
-    inside the window move it with the clock: unbounded."""
+    inside the window move it with the clock: unbounded.
 
-    __slots__ = ("series", "streams", "until")
+    Replay reads a namespace's series as of its newest evidence (Env.evidence_at), not of
+    the clock. Such reads are kept apart, per namespace (``held``): the time they were
+    read as of, and the bound above in that time's terms. They hold while that time
+    stands (the read is a function of the store and of it alone: a new sample of the
+    namespace always moves it, also one that repeats a value and bumps no generation) or
+    has not passed the bound; a window read as of a stood time can still change when the
+    store's retention drops points (``evictions``)."""
+
+    __slots__ = (
+        "deps",
+        "evictions",
+        "held",
+        "held_deps",
+        "held_until",
+        "series",
+        "streams",
+        "until",
+    )
 
     def __init__(self) -> None:
         self.series: dict[str, int] = {}
         self.streams: dict[str, int] = {}
+        self.held: dict[str, tuple[float, float]] = {}  # namespace -> (read as of, until)
+        self.evictions = -1  # SignalStore.evictions when a held window was read, else -1
         self.until = math.inf
+        # set by seal(), for the engine's check against what changed since the last pass
+        self.deps: AbstractSet[str] = _NO_NAMES
+        self.held_deps: AbstractSet[str] = _NO_NAMES
+        self.held_until = math.inf
 
-    def holds(self, store: SignalStore, now: float) -> bool:
+    def seal(self) -> Stamp:
+        """Once the reads are made: the names of what they depend on, as the store's change
+        log (SignalStore.changed_since) and held_name() name them, and the earliest bound
+        of the held reads (the clock alone passing none of them, they hold)."""
+        deps = self.series.keys() | self.streams.keys()
+        if self.evictions >= 0:
+            deps.add(EVICTED)
+        self.deps = deps
+        if self.held:
+            self.held_deps = {held_name(ns) for ns in self.held}
+            self.held_until = min(until for _, until in self.held.values())
+        return self
+
+    def holds(
+        self, store: SignalStore, now: float, evidence_at: Mapping[str, float] | None = None
+    ) -> bool:
         if now > self.until:
             return False
         gens = store.generations
@@ -152,7 +199,23 @@ class Stamp:
         for name, g in self.streams.items():
             if appended(name) != g:
                 return False
+        if self.held:
+            if self.evictions >= 0 and store.evictions != self.evictions:
+                return False
+            for ns, (at, until) in self.held.items():
+                h = None if evidence_at is None else evidence_at.get(ns)
+                t = now if h is None or h > now else h  # what the read would be as of now
+                if t != at and t > until:
+                    return False
         return True
+
+    def hold_at(self, namespace: str, at: float, until: float) -> None:
+        """A read of the namespace as of `at`, unchanged while the time read as of is
+        `at` or at most `until`."""
+        known = self.held.get(namespace)
+        if known is not None and known[1] < until:
+            until = known[1]
+        self.held[namespace] = (at, until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -700,6 +763,10 @@ class Compiler:
             return (env.subject,)
 
         point_read = fname in ("last", "lowest", "highest", "present", "absent", "seen_for")
+        # functions of the window's values alone, which the clock moves only when a value
+        # leaves the window (Series.values_until); a window longer than the retention may
+        # lose values to it, so those keep the general bound
+        of_values = fname in ("min", "max", "increase", "changes")
         method: Callable[..., float | int | None] | None = (
             None if point_read or fname == "quantile" else getattr(Series, fname)
         )
@@ -716,6 +783,9 @@ class Compiler:
             (fname, name, window, q, want, collector, across_gpus), len(_READ_IDS)
         )
         wants_text = fname in ("last", "present", "absent") and not want
+        # one label asked for (reason="hw_slowdown"), the usual case: a tuple lookup per
+        # label set, not a generator over the pairs asked for
+        want_one = want[0] if len(want) == 1 else None
 
         def run(env: Env) -> object:
             memo = env.memo
@@ -733,8 +803,15 @@ class Compiler:
                 env.reads.append((run, result))
             stamp = env.stamp
             if stamp is not None:
-                stamp.series[name] = env.store.generations.get(name, 0)
-                if until < stamp.until:
+                store = env.store
+                stamp.series[name] = store.generations.get(name, 0)
+                held = env.evidence_at
+                at = None if held is None else held.get(namespace)
+                if at is not None and at <= env.now:
+                    stamp.hold_at(namespace, at, until)  # read as of `at` (see Stamp)
+                    if not point_read:
+                        stamp.evictions = store.evictions
+                elif until < stamp.until:
                     stamp.until = until
             return result
 
@@ -752,7 +829,10 @@ class Compiler:
             fresh_from = now - stale_after
             for subj in subjects(env):
                 for lbls, series in store.labelled(name, subj).items():
-                    if want and not all(kv in lbls for kv in want):
+                    if want_one is not None:
+                        if want_one not in lbls:
+                            continue
+                    elif want and not all(kv in lbls for kv in want):
                         continue
                     if point_read:
                         seen = series.last_seen
@@ -770,7 +850,10 @@ class Compiler:
                                 until = math.nextafter(covered_at, -math.inf)
                     else:
                         v = one(series, now)
-                        bound = series.constant_until(now, window)
+                        if of_values and window <= store.retention:
+                            bound = series.values_until(now, window)
+                        else:
+                            bound = series.constant_until(now, window)
                         if bound < until:
                             until = bound
                     if v is not None and v == v:  # v != v: NaN

@@ -75,7 +75,11 @@ class Lifecycle:
         deferred_rules = {rule for rule, _ in deferred}
         failing: dict[str, list[Result]] = {}
         # causes first: a rule that others name in inhibited_by is applied before them
-        for res in sorted(results, key=lambda r: bool(r.rule.inhibited_by)):
+        # (in their order, as a stable sort on it would put them; without a key call each)
+        given = results if isinstance(results, list) else list(results)
+        ordered = [r for r in given if not r.rule.inhibited_by]
+        ordered += [r for r in given if r.rule.inhibited_by]
+        for res in ordered:
             key = (res.rule.id, res.subject)
             seen.add(key)
             f = self.findings.get(key)

@@ -456,13 +456,11 @@ def parse_timestamp(s: str) -> float | None:
 
 
 def _tree(el: ET.Element) -> _Node:
+    if not len(el):  # a leaf, most elements: no comprehension to run (a call of its own)
+        return _Node(el.tag, (el.text or "").strip(), 0, [])
     return _Node(el.tag, (el.text or "").strip(), 0, [_tree(child) for child in el])
 
 
-# A GPU's sections that no value's path names and no walk enters (_VALUES, _PLACES):
-# <supported_clocks> is 225 of an H200's 492 elements, so not building its nodes halves
-# the tree a replay builds per dump (issue 32).
-_UNREAD = frozenset({"supported_clocks"})
 
 
 def _header(root: ET.Element) -> _Node:
@@ -472,10 +470,34 @@ def _header(root: ET.Element) -> _Node:
     return _Node(root.tag, (root.text or "").strip(), 0, kids)
 
 
+_CLOCKS_OPEN, _CLOCKS_CLOSE = "<supported_clocks>", "</supported_clocks>"
+
+
+def _without_supported_clocks(body: str) -> str:
+    """The text without its <supported_clocks> sections (each cut from its opening to its
+    closing tag, its newlines kept so that a later error names its line): about half an
+    H200 dump's bytes, which nothing reads and the XML parser need not build (issue 32).
+    A section without its closing tag stays, and the parser says what is wrong with it."""
+    if _CLOCKS_OPEN not in body:
+        return body
+    parts: list[str] = []
+    pos = 0
+    while (start := body.find(_CLOCKS_OPEN, pos)) >= 0:
+        end = body.find(_CLOCKS_CLOSE, start)
+        if end < 0:
+            break
+        parts.append(body[pos:start])
+        parts.append("\n" * body.count("\n", start, end))
+        pos = end + len(_CLOCKS_CLOSE)
+    parts.append(body[pos:])
+    return "".join(parts)
+
+
 def parse_xml(text: str, path: Path | str = "<xml>") -> NvsmiDump:
-    """``nvidia-smi -q -x`` output -> NvsmiDump. Malformed XML is unreadable as a whole."""
+    """``nvidia-smi -q -x`` output -> NvsmiDump. Malformed XML is unreadable as a whole
+    (but for what lies inside <supported_clocks>, which is not read)."""
     # The DOCTYPE names a DTD file that is never fetched; drop it so no parser tries.
-    body = re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1)
+    body = _without_supported_clocks(re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1))
     try:
         root = ET.fromstring(body)  # noqa: S314 - local nvidia-smi output
     except ET.ParseError as exc:
@@ -490,7 +512,7 @@ def parse_xml(text: str, path: Path | str = "<xml>") -> NvsmiDump:
     dump.timestamp = parse_timestamp(_first(top, "timestamp"))
     index = 0
     for el in root.findall("gpu"):
-        kids = [_tree(child) for child in el if child.tag not in _UNREAD]
+        kids = [_tree(child) for child in el if child.tag in _XML_READ]
         node = _Node(el.tag, el.get("id", ""), 0, kids)
         dump.gpus.append(_gpu(index, node, dump, _XML))
         index += 1
@@ -662,6 +684,14 @@ _PLACES: dict[str, tuple[_Paths, _Paths]] = {
     "processes": (("processes",), ("processes",)),
 }
 _COUNTER_PREFIXES = ("clocks_event_reasons_counters_", "clocks_throttle_reasons_counters_")
+# The sections of an XML <gpu> that a path above starts in: every read goes through one,
+# so the others (voltage, fabric, capabilities, application clocks, ...: two thirds of an
+# H200's elements) are not made into nodes (issue 32: a replay reads hundreds of dumps).
+_XML_READ = frozenset(
+    path.split("/", 1)[0]
+    for paths in (*(v[2] for v in _VALUES.values()), *(p[1] for p in _PLACES.values()))
+    for path in paths
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,10 @@ from moptd.store.series import Series
 SeriesKey = tuple[str, str, Labels]  # (signal, subject, labels)
 
 _NO_SERIES: Mapping[Labels, Series] = {}
+CHANGE_LOG = 4096  # changes SignalStore.changed_since can name (a rule pass sees tens)
+EVICTED = "#evicted"  # in the change log: an eviction pass (no signal or stream is so named)
 
-__all__ = ["EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
+__all__ = ["CHANGE_LOG", "EVICTED", "EventLog", "Series", "SeriesKey", "SignalStore", "Snapshot"]
 
 
 class EventLog:
@@ -44,13 +46,14 @@ class EventLog:
     has seen) and how many retained events each subject has (so finding the subjects of a
     stream does not walk a flooded log every tick)."""
 
-    __slots__ = ("_events", "_subjects", "appended", "dropped")
+    __slots__ = ("_events", "_subjects", "appended", "dropped", "subject_changes")
 
     def __init__(self, max_events: int) -> None:
         self._events: deque[Event] = deque(maxlen=max_events)
         self._subjects: dict[str, int] = {}
         self.appended = 0  # sequence number of the newest event (the first is 1)
         self.dropped = 0
+        self.subject_changes = 0  # a subject came or went (SignalStore.layout_key)
 
     def append(self, event: Event) -> None:
         if len(self._events) == self._events.maxlen:
@@ -58,7 +61,10 @@ class EventLog:
             self._forget(self._events[0])
         self._events.append(event)
         self.appended += 1
-        self._subjects[event.subject] = self._subjects.get(event.subject, 0) + 1
+        held = self._subjects.get(event.subject, 0)
+        if not held:
+            self.subject_changes += 1
+        self._subjects[event.subject] = held + 1
 
     def evict_before(self, t: float) -> None:
         while self._events and self._events[0].t < t:
@@ -70,6 +76,7 @@ class EventLog:
             self._subjects[event.subject] = left
         else:
             del self._subjects[event.subject]
+            self.subject_changes += 1
 
     def subjects(self) -> list[str]:
         """Subjects with at least one retained event."""
@@ -142,7 +149,18 @@ class SignalStore:
         # Every subject with a series, a text value or attributes; None when a key came or
         # went (rules ask for it on every tick, and subjects rarely change).
         self._known: list[str] | None = None
+        # Bumped with every reset of _known, a new stream and a changed attribute: with the
+        # streams' subject changes, what the rule engine's subjects follow from (layout_key)
+        self.layout = 0
         self._last_evict = -math.inf
+        # Passes of evict() so far: a window read as of an earlier time than the clock's
+        # (replay's Env.evidence_at) can change when one drops points (moptd.diagnose.expr.Stamp)
+        self.evictions = 0
+        # What changed lately, for a reader that asks what changed since it last looked
+        # (changed_since): the signals bumped, the streams appended to and EVICTED, in
+        # order, the last CHANGE_LOG of them; `changes` counts every one ever logged.
+        self.changes = 0
+        self._change_log: deque[str] = deque(maxlen=CHANGE_LOG)
         self.version = 0  # bumped whenever the snapshot changes; lets readers cache
         # signal -> bumped whenever what a point read of it returns may change: a new
         # value, a new or departed series, a text value (moptd.diagnose.expr.Stamp)
@@ -209,7 +227,9 @@ class SignalStore:
             known = self._attrs.get(subject)
             if known is None:
                 known = self._attrs[subject] = {}
-                self._known = None
+                self._relayout()
+            elif any(known.get(k) != v for k, v in attrs.items()):
+                self.layout += 1
             known.update(attrs)
         self._current[source] = batch
         self.version += 1
@@ -248,7 +268,7 @@ class SignalStore:
             if old is None:
                 if not self._admit(key, source):
                     return False
-                self._known = None
+                self._relayout()
             if old is None or old[1] != v:
                 self._bump(s.signal)
             self._text[key] = (t, v)
@@ -260,14 +280,36 @@ class SignalStore:
             series = self._series[key] = Series(self.max_points)
             self._index.setdefault((s.signal, s.subject), {})[s.labels] = series
             self._signal_subjects.clear()
-            self._known = None
+            self._relayout()
             self._bump(s.signal)
         if series.append(t, float(v)):
             self._bump(s.signal)
         return True
 
+    def _relayout(self) -> None:
+        self._known = None
+        self.layout += 1
+
+    def layout_key(self) -> tuple[int, int]:
+        """Changes whenever the subjects, their attributes, the streams or the subjects of
+        a stream's retained events may have changed (the rule engine keeps the subjects
+        it found while it does not)."""
+        return self.layout, sum(log.subject_changes for log in self._events.values())
+
     def _bump(self, signal: str) -> None:
         self.generations[signal] = self.generations.get(signal, 0) + 1
+        self._change_log.append(signal)
+        self.changes += 1
+
+    def changed_since(self, mark: int) -> set[str] | None:
+        """The signals bumped, streams appended to and EVICTED (an eviction pass) since
+        `changes` was `mark`; None when the log no longer reaches back that far."""
+        n = self.changes - mark
+        if n == 0:
+            return set()
+        if n < 0 or n > len(self._change_log):
+            return None
+        return set(islice(reversed(self._change_log), n))
 
     def add_events(self, events: Iterable[Event]) -> None:
         added = list(events)
@@ -288,7 +330,10 @@ class SignalStore:
             log = self._events.get(ev.stream)
             if log is None:
                 log = self._events[ev.stream] = EventLog(self.max_events)
+                self.layout += 1
             log.append(ev)
+            self._change_log.append(ev.stream)
+            self.changes += 1
         if notify:
             self._notify(added)
 
@@ -329,8 +374,11 @@ class SignalStore:
             live.update(batch.attrs)
         for subject in [s for s in self._attrs if s not in live]:
             del self._attrs[subject]
-        self._known = None
+        self._relayout()
         self._last_evict = now
+        self.evictions += 1
+        self._change_log.append(EVICTED)
+        self.changes += 1
 
     # --- reading ---
 

@@ -176,6 +176,27 @@ class Series:
             return math.nextafter(self.last_seen + window, -math.inf)
         return -math.inf
 
+    def values_until(self, now: float, window: float) -> float:
+        """constant_until for the functions of the window's values alone, not of how long
+        each held (min, max, increase, changes): with no new point they change only when
+        a value leaves the window (the window's start passes the point after the one it
+        carries in) or nothing is left in it; -inf while points later than `now` wait."""
+        n = len(self._t)
+        if n == self._start:
+            return math.inf
+        start = now - window
+        if self.last_seen < start:
+            return math.inf if window >= REVIVED_AFTER else -math.inf
+        if self._t[-1] > now:
+            return -math.inf
+        lo = bisect.bisect_right(self._t, start, self._start)
+        carried = lo - 1 if lo > self._start else lo  # the oldest value the window holds
+        until = math.nextafter(self.last_seen + window, -math.inf)
+        if carried + 1 < n:
+            # at that instant the next point is the one carried in: `carried` leaves
+            until = min(until, math.nextafter(self._t[carried + 1] + window, -math.inf))
+        return until
+
     def avg(self, now: float, window: float) -> float | None:
         got = self._durations(now, window)
         if got is None:
