@@ -340,3 +340,17 @@ def test_changed_since_names_what_changed_and_says_when_it_cannot():
     for i in range(CHANGE_LOG + 1):
         store.record(Sample("gpu.power", "gpu:0", float(i)), t=3.0 + i)
     assert store.changed_since(mark) is None  # the log no longer reaches back
+
+
+def test_quantile_one_ignores_a_value_held_too_briefly_to_count():
+    """Hypothesis found it: 3.0 held for 2.2e-94 s of a 2050 s window. Summing the window
+    as its end minus its start left the running sum a rounding short of the total, so
+    q = 1 gave 3.0 where the time-weighted answer (and the plain reference) is 2.0."""
+    points = [(0.0, 3.0), (2.208605889279957e-94, 1.0), (1.3251897203701901, 0.0),
+              (1548.7492182072097, 2.0), (1549.0, 0.0), (2050.0, 0.0)]  # fmt: skip
+    fast, ref = Series(), ReferenceSeries()
+    for t, v in points:
+        fast.append(t, v)
+        ref.append(t, v)
+    assert ref.quantile(1.0, 2050.0, 2050.0) == 2.0
+    assert fast.quantile(1.0, 2050.0, 2050.0) == 2.0

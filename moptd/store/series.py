@@ -348,8 +348,15 @@ class Series:
         if total == 0:
             vals = sorted(vs)
             return vals[min(len(vals) - 1, int(q * len(vals)))]
+        pairs = sorted(zip(vs, durs, strict=True))
+        # The total summed in the order acc is, not the window's end minus its start:
+        # otherwise rounding can leave acc a hair short of q * total at q = 1 and give a
+        # value that held for a time too short to count (1e-94 s of 2050 s).
+        total = 0.0
+        for _, d in pairs:
+            total += d
         acc = 0.0
-        for v, d in sorted(zip(vs, durs, strict=True)):
+        for v, d in pairs:
             acc += d
             if acc >= q * total:
                 return v
