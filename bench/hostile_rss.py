@@ -17,6 +17,10 @@ also the 15 source lines whose traced memory grew most since the first minute.
 
     python bench/hostile_rss.py --seconds 900 --other /tmp/base --out R.json
     python bench/hostile_rss.py --seconds 900 --arm-env arena2:MALLOC_ARENA_MAX=2 --out R.json
+    python bench/hostile_rss.py --seconds 900 --retention 60s --arm-env trim:MOPTD_MEMPROBE_TRIM=1
+
+``MOPTD_MEMPROBE_TRIM=1`` (an experiment, not moptd's code) calls glibc's ``malloc_trim(0)``
+after a store eviction that dropped 1,000 series or more.
 
 Run it from the tree under test with that tree's python; ports come from --ports.
 """
@@ -122,6 +126,17 @@ if _OUT:
                     _stores.append(self)
 
                 module.SignalStore.__init__ = __init__
+                if os.environ.get("MOPTD_MEMPROBE_TRIM") == "1":
+                    # the experiment: hand freed heap back to the kernel after a purge
+                    evict = module.SignalStore.evict
+
+                    def evict_and_trim(self, now):
+                        before = len(self._series)
+                        evict(self, now)
+                        if before - len(self._series) >= 1000:
+                            _libc.malloc_trim(0)
+
+                    module.SignalStore.evict = evict_and_trim
 
             spec.loader.exec_module = exec_module
             return spec

@@ -2,11 +2,12 @@
 rotating labels below the series cap RSS still creeps").
 
 A real `moptd run` against bench/hostile_endpoint.py's engine (the captured vLLM page and
-1,000 new `finished_reason` values a page, scraped every 500 ms) went from 77 to 84 MiB in
-its first five minutes and stayed there (BENCHMARKS.md, "Issue 30: RSS under rotating label
-values"). The probe inside it (bench/hostile_rss.py) found that growth in the quantile
-window: it kept every page's histograms for `quantile_window` (5 minutes), 600 pages at
-500 ms, 2,400 histograms. The series cap, the label cache and the store's counts were flat.
+1,000 new `finished_reason` values a page, scraped every 500 ms) went from 78 to 84 MiB
+between its first and fifth minute and stayed there for 15 more (BENCHMARKS.md, "Issue 30:
+RSS under rotating label values below the series cap"). The probe inside it
+(bench/hostile_rss.py) found that growth in the quantile window: it kept every page's
+histograms for `quantile_window` (5 minutes), 600 pages at 500 ms, 2,400 histograms. The
+series cap, the label cache and the store's counts were flat.
 
 These tests feed the captured page through the collector's own parse and mapping (as a live
 scrape and a replayed bundle do) on a clock that moves 500 ms a page, and count the pages the
