@@ -42,6 +42,13 @@ SCALAR_SIGNALS = (
 )
 
 
+# Pages a window keeps, about, however often the endpoint is scraped: every page of a 5-minute
+# window scraped each 500 ms was 600 whole histogram sets, 7 MiB of a daemon's RSS (issue 30,
+# item 8; BENCHMARKS.md). Pages at least window / 60 apart find the window's start to within
+# 5 s of a 5-minute window; at the default 5 s interval every page is kept, as before.
+PAGES_PER_WINDOW = 60
+
+
 class HistogramWindow:
     """Recent cumulative histograms of one endpoint, to difference over a window."""
 
@@ -50,10 +57,15 @@ class HistogramWindow:
         self.history: deque[tuple[float, dict[str, Histogram]]] = deque()
 
     def add(self, now: float, hists: dict[str, Histogram]) -> dict[str, Histogram]:
-        """The observations of the last ``window`` seconds (everything, at first)."""
-        self.history.append((now, hists))
-        while len(self.history) > 1 and self.history[1][0] <= now - self.window:
-            self.history.popleft()
+        """The observations of the last ``window`` seconds and at most window / 60 more
+        (everything, at first)."""
+        kept = self.history
+        if len(kept) >= 2 and now - kept[-2][0] < self.window / PAGES_PER_WINDOW:
+            kept[-1] = (now, hists)  # too close to the page before the newest: replace it
+        else:
+            kept.append((now, hists))
+        while len(kept) > 1 and kept[1][0] <= now - self.window:
+            kept.popleft()
         oldest = self.history[0][1] if len(self.history) > 1 else {}
         return {name: (h.minus(oldest[name]) if name in oldest else h) for name, h in hists.items()}
 
