@@ -137,7 +137,10 @@ class CollectorRuntime:
             await self.run_once()
             second = [name for name in again if name in self.collectors]
             if second:
-                await asyncio.sleep(gap)
+                # `gap` after the first readings ended, not after the whole pass: the pass's
+                # slower collectors already spent part of it
+                done = max(self.health[n].last_run + self.health[n].duration for n in second)
+                await asyncio.sleep(max(0.0, done + gap - time.time()))
                 await asyncio.gather(*(self.run_collector(name) for name in second))
         finally:
             await self.stop()
