@@ -41,6 +41,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# bench/ itself too: tests/test_soak.py loads this file by path, where bench/ is not on
+# sys.path unless another test put it there first
+sys.path.insert(0, str(REPO / "bench"))
 from benchenv import add_ports_arg, bench_pcis, use_ports  # noqa: E402
 
 from moptd.cli.client import DaemonUnreachable  # noqa: E402
