@@ -2,7 +2,7 @@
 
 Run on the GPU host (read-only NVML calls), after bench/nvml_overhead.py's figures:
 
-    python bench/nvml_profile.py [--ticks 1500]
+    python bench/nvml_profile.py [--ticks 1500] [--tree OTHER_TREE]
 
 Ticks on bench/nvml_ticks.py's 20 ms grid (cold caches, as in the daemon), the collector's
 fast tier only, with one cProfile on the event loop's thread and one on the shared reader
@@ -22,12 +22,14 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+# --tree TREE profiles another tree's collector with this script (it goes first on the path)
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else HERE.parent)
+sys.path[:0] = [str(HERE), str(TREE.resolve())]
 
-from moptd.clock import VirtualClock, next_on_grid
-from moptd.collector import CollectorContext
-from moptd.collectors import nvml
+from moptd.clock import VirtualClock, next_on_grid  # noqa: E402 - after the path is set
+from moptd.collector import CollectorContext  # noqa: E402
+from moptd.collectors import nvml  # noqa: E402
 
 
 def top(pr: cProfile.Profile, label: str, n: int) -> str:
@@ -77,6 +79,7 @@ async def run(ticks: int, n: int, options: dict[str, object]) -> None:
     worker.post(disable)
     stopped.wait(5)
     await c.stop()
+    print(f"tree {Path(nvml.__file__).parent.parent.parent}")
     print(f"{ticks} ticks, {n} GPU(s): {cpu / ticks * 1e6:.1f} CPU µs a tick under the profiler")
     print(top(loop_prof, "event loop's thread", 30))
     print(top(thread_prof, "shared reader thread", 20))
@@ -85,6 +88,7 @@ async def run(ticks: int, n: int, options: dict[str, object]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ticks", type=int, default=1500)
+    ap.add_argument("--tree", type=Path, default=TREE, help="the tree whose collector runs")
     ap.add_argument("--recording", help="an NVML recording (a smoke run off the GPU host)")
     args = ap.parse_args()
     options: dict[str, object] = {}
