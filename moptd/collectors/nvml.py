@@ -43,6 +43,7 @@ from moptd.gpu.batch import (
     add_slow,
     add_static,
     age_keys,
+    new_sample,
 )
 from moptd.gpu.readings import (
     BackendUnavailable,
@@ -356,7 +357,9 @@ class NvmlCollector(Collector):
 
     # --- collection ---------------------------------------------------------------------
     async def collect(self) -> Batch:
-        backend = await self._ensure_ready()
+        backend = self.backend
+        if backend is None or not self._ready:
+            backend = await self._ensure_ready()
         now = self.ctx.clock.now()
         deadline = self._deadline
         batch = Batch()
@@ -369,14 +372,20 @@ class NvmlCollector(Collector):
         # NVML calls themselves. Only a GPU that was never read is waited for, so the first
         # collection is complete.
         harvested: set[int] = set()
+        overdue = False
         for index, st in self._gpus.items():
             pending = st.pending
-            if pending is not None and pending.state >= _DONE:
+            if pending is None:
+                continue
+            if pending.state >= _DONE:
                 if pending.state == _DONE:
                     self._harvest(index, st, pending.result(), st.pending_since)
                     harvested.add(index)
                 st.pending = None
-        self._isolate_hung(now, deadline)
+            elif now - st.pending_since >= deadline:
+                overdue = True
+        if overdue:
+            self._isolate_hung(now, deadline)
         # A GPU never read yet is waited for, so the first collection is complete.
         first: list[tuple[int, tuple[str, ...]]] = []
         later: list[tuple[int, tuple[str, ...]]] = []
@@ -528,10 +537,10 @@ class NvmlCollector(Collector):
         try:
             for tier in tiers:
                 try:
-                    if tier == "static":
-                        out.static = backend.read_static(index)
-                    elif tier == "fast":
+                    if tier == "fast":  # first: most ticks read nothing else
                         out.fast = backend.read_fast(index)
+                    elif tier == "static":
+                        out.static = backend.read_static(index)
                     elif tier == "costly":
                         with_energy = "energy" in tiers
                         out.costly = backend.read_costly(index, energy=with_energy)
@@ -592,7 +601,7 @@ class NvmlCollector(Collector):
         out += st.head
         error = st.error
         if error is None or error.value != res.error:
-            error = st.error = Sample("gpu.nvml_error", st.subject, float(res.error))
+            error = st.error = new_sample("gpu.nvml_error", st.subject, float(res.error))
         out.append(error)
         if st.fast is not None and st.fast_samples is not None:
             st.fast_samples.add(out, st.fast)
