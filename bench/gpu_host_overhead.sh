@@ -7,7 +7,8 @@
 # (bench/daemon_steady.py, a /metrics scrape every 15 s); then the gpu-marked tests.
 # The other tree is a plain copy of the repository at another commit
 # (git archive REV moptd rules bench tests pyproject.toml | tar -x -C DIR).
-# Results go to $OUT (or ./.out).
+# Results go to $OUT (or ./.out). Shorter, for a short lease: PROFILE_TICKS=0 (no profile),
+# RUNS=1 (TICK_ROUNDS=1 for nvml_tick_ab.py alone), TESTS=0 (no gpu-marked tests), SECONDS 45.
 # Usage (from the repo root, on the GPU host): bash bench/gpu_host_overhead.sh OTHER_TREE [SECONDS]
 set -u
 OTHER=$(cd "$1" && pwd)
@@ -25,15 +26,19 @@ log() { echo "== $(date +%T) $*"; }
 { nvidia-smi --query-gpu=name,driver_version,pstate,persistence_mode --format=csv; nproc;
   uptime; python3 -V; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-log "profiles"
-timeout 60 python3 bench/nvml_profile.py --ticks 500 --tree "$OTHER" >"$OUT/profile_other.txt" 2>&1
-timeout 60 python3 bench/nvml_profile.py --ticks 500 >"$OUT/profile_this.txt" 2>&1
+PROFILE_TICKS=${PROFILE_TICKS:-500}
+if [ "$PROFILE_TICKS" != 0 ]; then
+    log "profiles"
+    timeout 60 python3 bench/nvml_profile.py --ticks "$PROFILE_TICKS" --tree "$OTHER" \
+        >"$OUT/profile_other.txt" 2>&1
+    timeout 60 python3 bench/nvml_profile.py --ticks "$PROFILE_TICKS" >"$OUT/profile_this.txt" 2>&1
+fi
 log "fast tick against the bare reads on a worker thread"
-timeout 300 python3 bench/nvml_overhead.py --other "$OTHER" --runs 2 --out "$OUT/overhead_ab.json" \
+timeout 300 python3 bench/nvml_overhead.py --other "$OTHER" --runs "${RUNS:-2}" --out "$OUT/overhead_ab.json" \
     >"$OUT/overhead_ab.txt" 2>&1
 tail -4 "$OUT/overhead_ab.txt"
 log "fast and amortised tick, both trees"
-PYTHONPATH=$PWD timeout 120 python3 bench/nvml_tick_ab.py --other "$OTHER" --rounds 2 \
+PYTHONPATH=$PWD timeout 120 python3 bench/nvml_tick_ab.py --other "$OTHER" --rounds "${TICK_ROUNDS:-${RUNS:-2}}" \
     >"$OUT/tick_ab.txt" 2>&1
 tail -3 "$OUT/tick_ab.txt"
 log "bare amortised NVML floor"
@@ -54,9 +59,11 @@ steady() {  # tree, output name
 }
 steady "$OTHER" steady_other & steady "$PWD" steady_this & wait
 grep -h '"cpu_percent\|scrape_ms_p99\|rss_mb_max' "$OUT/steady_other.json" "$OUT/steady_this.json"
-log "gpu-marked tests"
-PYTHONPATH=$PWD:$SITE timeout 120 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider \
-    -o addopts="" >"$OUT/gpu_tests.log" 2>&1
-echo "rc=$?" >>"$OUT/gpu_tests.log"
-tail -2 "$OUT/gpu_tests.log"
+if [ "${TESTS:-1}" != 0 ]; then
+    log "gpu-marked tests"
+    PYTHONPATH=$PWD:$SITE timeout 120 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider \
+        -o addopts="" >"$OUT/gpu_tests.log" 2>&1
+    echo "rc=$?" >>"$OUT/gpu_tests.log"
+    tail -2 "$OUT/gpu_tests.log"
+fi
 log "done"

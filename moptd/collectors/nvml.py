@@ -392,8 +392,9 @@ class NvmlCollector(Collector):
         for index, st in self._gpus.items():
             if st.pending is not None:
                 continue  # still reading (or hanging): no second read behind it
-            (first if st.last is None else later).append((index, self._due(st, now)))
-        first_reads = self._start(backend, first, now)
+            tiers = _FAST_ONLY if now < st.recheck_at else self._due(st, now)
+            (first if st.last is None else later).append((index, tiers))
+        first_reads = self._start(backend, first, now) if first else {}
         self._start(backend, later, now)
         if first_reads:
             all_done, tick_done = _countdown(len(first_reads))
