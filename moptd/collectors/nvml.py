@@ -84,7 +84,7 @@ class _Read:
     """One GPU's read handed to a reader thread: the part of concurrent.futures.Future the
     collector uses. A Future builds a Condition for each read and takes it on every query;
     on the GPU host, after the idle second between ticks, that cost more CPU than the NVML
-    calls of the read (bench/results/h200-2026-12-06-h32g). done() is true once finished
+    calls of the read (BENCHMARKS.md, "Issue 32, GPU part"). done() is true once finished
     or cancelled, as a Future's; only a queued read can be cancelled."""
 
     __slots__ = ("_on_done", "state", "value")
