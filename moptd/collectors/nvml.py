@@ -82,10 +82,11 @@ _READ_STATE = threading.Lock()  # a _Read's state moves under it (thread and loo
 
 class _Read:
     """One GPU's read handed to a reader thread: the part of concurrent.futures.Future the
-    collector uses. A Future builds a Condition for each read and takes it on every query;
-    on the GPU host, after the idle second between ticks, that cost more CPU than the NVML
-    calls of the read (BENCHMARKS.md, "Issue 32, GPU part"). done() is true once finished
-    or cancelled, as a Future's; only a queued read can be cancelled."""
+    collector uses. A Future builds a Condition for each read and takes it, in Python, on
+    every query; on the GPU host each line run after the idle second between ticks costs
+    several times its cost in a loop, and the collector's own work is held to half the
+    bare reads' (BENCHMARKS.md, "Issue 32, GPU part"). done() is true once finished or
+    cancelled, as a Future's; only a queued read can be cancelled."""
 
     __slots__ = ("_on_done", "state", "value")
 
