@@ -24,17 +24,26 @@ events.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from moptd.collector import Collector, CollectorContext, Option, Unavailable
-from moptd.gpu.batch import add_ages, add_fast, add_profile, add_slow, add_static
+from moptd.gpu.batch import (
+    FastSamples,
+    add_ages,
+    add_ages_at,
+    add_profile,
+    add_slow,
+    add_static,
+    age_keys,
+    new_sample,
+)
 from moptd.gpu.readings import (
     BackendUnavailable,
     FastReading,
@@ -47,7 +56,7 @@ from moptd.gpu.readings import (
     merge_costly,
 )
 from moptd.kernel.xid_tally import NVML, XidTally
-from moptd.observations import NODE, Batch, Event, Sample, gpu_subject
+from moptd.observations import NODE, Batch, Event, Labels, Sample, gpu_subject
 from moptd.proc.info import ProcessInfo, process_info
 from moptd.proc.pods import DEFAULT_ROOT as POD_LOG_DIR
 from moptd.proc.pods import PodIndex
@@ -62,6 +71,73 @@ DRIVER_SIGNS = (Path("/dev/nvidiactl"),)
 TIERS = ("static", "fast", "slow", "costly", "energy", "profile")
 _TIMED = ("static", "slow", "costly", "energy", "profile")  # the tiers with an interval option
 _FAST_ONLY = ("fast",)
+# Built once: every tick of every GPU sends them (the collector's own CPU is held to 1.5x
+# the bare NVML reads, issue 32).
+_INIT_OK = Sample("gpu.nvml_init_error", NODE, 0.0)
+_QUEUED, _RUNNING, _DONE, _CANCELLED = 0, 1, 2, 3
+_READ_STATE = threading.Lock()  # a _Read's state moves under it (thread and loop race)
+
+
+class _Read:
+    """One GPU's read handed to a reader thread: the part of concurrent.futures.Future the
+    collector uses. A Future builds a Condition for each read and takes it, in Python, on
+    every query; on the GPU host each line run after the idle second between ticks costs
+    several times its cost in a loop, and the collector's own work is held to half the
+    bare reads' (BENCHMARKS.md, "Issue 32, GPU part"). done() is true once finished or
+    cancelled, as a Future's; only a queued read can be cancelled."""
+
+    __slots__ = ("_on_done", "state", "value")
+
+    def __init__(self) -> None:
+        self.state = _QUEUED
+        self.value: _Pass | None = None
+        self._on_done: Callable[[object], None] | None = None
+
+    def done(self) -> bool:
+        return self.state >= _DONE
+
+    def running(self) -> bool:
+        return self.state == _RUNNING
+
+    def cancelled(self) -> bool:
+        return self.state == _CANCELLED
+
+    def result(self) -> _Pass:
+        assert self.value is not None, "read not finished"
+        return self.value
+
+    def start(self) -> bool:
+        """The reader thread takes the read: False when it was cancelled meanwhile."""
+        with _READ_STATE:
+            if self.state != _QUEUED:
+                return False
+            self.state = _RUNNING
+            return True
+
+    def cancel(self) -> bool:
+        with _READ_STATE:
+            if self.state != _QUEUED:
+                return False
+            self.state = _CANCELLED
+            call = self._on_done
+        if call is not None:
+            call(self)
+        return True
+
+    def finish(self, value: _Pass) -> None:
+        with _READ_STATE:
+            self.value = value
+            self.state = _DONE
+            call = self._on_done
+        if call is not None:
+            call(self)
+
+    def add_done_callback(self, fn: Callable[[object], None]) -> None:
+        with _READ_STATE:
+            if self.state < _DONE:
+                self._on_done = fn
+                return
+        fn(self)
 
 
 @dataclass
@@ -76,17 +152,25 @@ class _GpuState:
     # The samples of the static, slow and profile readings, built once per new reading: they are
     # re-sent every tick (the store replaces a source's snapshot whole) but change rarely.
     static_batch: Batch = field(default_factory=Batch)
-    fast_samples: dict[str, Sample] = field(default_factory=dict)  # reused while unchanged
     slow_batch: Batch = field(default_factory=Batch)
     profile_batch: Batch = field(default_factory=Batch)
     read_at: dict[str, float] = field(default_factory=dict)  # tier -> time of last good read
     worker: Worker | None = None  # its own thread, once it has hung; else the shared one
-    pending: concurrent.futures.Future[_Pass] | None = None
+    pending: _Read | None = None
     pending_since: float = 0.0  # when the pending read was started
     last: tuple[_Pass, float] | None = None  # the last finished read and when it started
+    # What _report sends every tick, composed when a read changes it, not every tick:
+    subject: str = ""
+    fast_samples: FastSamples | None = None  # rebuilt where a fast value changed
+    head: list[Sample] = field(default_factory=list)  # static samples and gpu.lost 0
+    error: Sample | None = None  # gpu.nvml_error of the newest read
+    tail: list[Sample] = field(default_factory=list)  # slow and profile samples
+    attrs: dict[str, dict[str, str]] = field(default_factory=dict)  # of all three batches
+    ages: tuple[tuple[str, Labels], ...] = ()  # the tiers read so far, for gpu.sample_age
+    recheck_at: float = 0.0  # no tier but fast is due before this (see _due)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pass:
     """The outcome of one read of one GPU (runs on that GPU's thread)."""
 
@@ -192,6 +276,7 @@ class NvmlCollector(Collector):
         self._shared: Worker | None = None  # reads every GPU that has not hung
         # Read once: collect() runs every second, cold, so each lookup it skips counts.
         self._every = {tier: float(self.option(f"{tier}_interval")) for tier in _TIMED}
+        self._deadline = float(self.option("gpu_deadline"))
         self._slow_taken = True  # a slow read came in since processes were last pruned
 
     # --- backend ------------------------------------------------------------------------
@@ -230,7 +315,8 @@ class NvmlCollector(Collector):
             raise Unavailable(f"NVIDIA driver not loaded: {exc}") from None
         self._ready = True
         for i in range(backend.device_count()):
-            self._gpus.setdefault(i, _GpuState())
+            if i not in self._gpus:
+                self._gpus[i] = _GpuState(subject=gpu_subject(i), fast_samples=FastSamples(i))
         if self.option("xid_events") and self._xid_thread is None:
             self._start_xid_thread(backend)
         return backend
@@ -275,34 +361,44 @@ class NvmlCollector(Collector):
 
     # --- collection ---------------------------------------------------------------------
     async def collect(self) -> Batch:
-        backend = await self._ensure_ready()
+        backend = self.backend
+        if backend is None or not self._ready:
+            backend = await self._ensure_ready()
         now = self.ctx.clock.now()
-        deadline = float(self.option("gpu_deadline"))
+        deadline = self._deadline
         batch = Batch()
         # NVML started (a failed start raises above): what a bundle reads from nvidia-smi's
         # own messages, so rule driver-nvml-init decides live as well
-        batch.add("gpu.nvml_init_error", NODE, 0.0)
+        batch.samples.append(_INIT_OK)
         # Pipelined: a tick reports the read started on the previous tick (long finished;
         # the age of each tier is exported) and starts the next read without waiting for
         # it. Waiting woke the event loop once more per tick, which cost more CPU than the
         # NVML calls themselves. Only a GPU that was never read is waited for, so the first
         # collection is complete.
         harvested: set[int] = set()
+        overdue = False
         for index, st in self._gpus.items():
-            if st.pending is not None and st.pending.done():
-                if not st.pending.cancelled():
-                    self._harvest(index, st, st.pending.result(), st.pending_since)
+            pending = st.pending
+            if pending is None:
+                continue
+            if pending.state >= _DONE:
+                if pending.state == _DONE:
+                    self._harvest(index, st, pending.result(), st.pending_since)
                     harvested.add(index)
                 st.pending = None
-        self._isolate_hung(now, deadline)
+            elif now - st.pending_since >= deadline:
+                overdue = True
+        if overdue:
+            self._isolate_hung(now, deadline)
         # A GPU never read yet is waited for, so the first collection is complete.
         first: list[tuple[int, tuple[str, ...]]] = []
         later: list[tuple[int, tuple[str, ...]]] = []
         for index, st in self._gpus.items():
             if st.pending is not None:
                 continue  # still reading (or hanging): no second read behind it
-            (first if st.last is None else later).append((index, self._due(st, now)))
-        first_reads = self._start(backend, first, now)
+            tiers = _FAST_ONLY if now < st.recheck_at else self._due(st, now)
+            (first if st.last is None else later).append((index, tiers))
+        first_reads = self._start(backend, first, now) if first else {}
         self._start(backend, later, now)
         if first_reads:
             all_done, tick_done = _countdown(len(first_reads))
@@ -341,38 +437,36 @@ class NvmlCollector(Collector):
         backend: GpuBackend,
         reads: list[tuple[int, tuple[str, ...]]],
         now: float,
-    ) -> dict[int, concurrent.futures.Future[_Pass]]:
+    ) -> dict[int, _Read]:
         """Start reads: a GPU with a thread of its own on it, the rest as one job on the
-        shared thread. Each GPU gets its own future either way."""
-        futures: dict[int, concurrent.futures.Future[_Pass]] = {}
-        shared: list[tuple[int, tuple[str, ...], concurrent.futures.Future[_Pass]]] = []
+        shared thread. Each GPU gets its own _Read either way."""
+        started: dict[int, _Read] = {}
+        shared: list[tuple[int, tuple[str, ...], _Read]] = []
         for index, tiers in reads:
-            worker = self._gpus[index].worker
-            if worker is not None:
-                futures[index] = worker.submit(self._read_gpu, backend, index, tiers)
+            st = self._gpus[index]
+            rd = _Read()
+            st.pending, st.pending_since = rd, now
+            started[index] = rd
+            if st.worker is not None:
+                st.worker.post(self._read_gpus, backend, [(index, tiers, rd)])
             else:
-                fut: concurrent.futures.Future[_Pass] = concurrent.futures.Future()
-                shared.append((index, tiers, fut))
-                futures[index] = fut
+                shared.append((index, tiers, rd))
         if shared:
             if self._shared is None:
                 self._shared = Worker("moptd-nvml-reader")
             self._shared.post(self._read_gpus, backend, shared)
-        for index, fut in futures.items():
-            st = self._gpus[index]
-            st.pending, st.pending_since = fut, now
-        return futures
+        return started
 
     def _read_gpus(
         self,
         backend: GpuBackend,
-        reads: list[tuple[int, tuple[str, ...], concurrent.futures.Future[_Pass]]],
+        reads: list[tuple[int, tuple[str, ...], _Read]],
     ) -> None:
-        """The shared thread's job: each GPU in turn, each result handed over as it is
+        """A reader thread's job: each GPU in turn, each result handed over as it is
         read. A read cancelled meanwhile (it waited behind a hung GPU) is skipped."""
-        for index, tiers, fut in reads:
-            if fut.set_running_or_notify_cancel():
-                fut.set_result(self._read_gpu(backend, index, tiers))
+        for index, tiers, rd in reads:
+            if rd.start():
+                rd.finish(self._read_gpu(backend, index, tiers))
 
     def _isolate_hung(self, now: float, deadline: float) -> None:
         """A shared read past its deadline means the shared thread is stuck in one GPU's
@@ -383,7 +477,7 @@ class NvmlCollector(Collector):
             for index, st in self._gpus.items()
             if st.worker is None
             and st.pending is not None
-            and not st.pending.done()
+            and st.pending.state < _DONE
             and now - st.pending_since >= deadline
         ]
         if not stuck or self._shared is None:
@@ -404,11 +498,17 @@ class NvmlCollector(Collector):
     async def settle(self, limit: float = 5.0) -> None:
         """Wait until no read is under way (tests and benchmarks: the next collect then
         reports the read the previous one started)."""
-        pending = [st.pending for st in self._gpus.values() if st.pending is not None]
-        if pending:
-            await asyncio.wait([asyncio.wrap_future(f) for f in pending], timeout=limit)
+        # Polled: a read ends on a reader thread and has room for one callback, which the
+        # first tick's countdown may hold; this is for tests and benchmarks only.
+        end = time.monotonic() + limit
+        while time.monotonic() < end and any(  # noqa: ASYNC110
+            st.pending is not None and not st.pending.done() for st in self._gpus.values()
+        ):
+            await asyncio.sleep(0.001)
 
     def _due(self, st: _GpuState, now: float) -> tuple[str, ...]:
+        if now < st.recheck_at:
+            return _FAST_ONLY
         every = self._every
         read_at = st.read_at
         # A little slack so a tier due "now" is not pushed a whole tick later by jitter.
@@ -442,10 +542,10 @@ class NvmlCollector(Collector):
         try:
             for tier in tiers:
                 try:
-                    if tier == "static":
-                        out.static = backend.read_static(index)
-                    elif tier == "fast":
+                    if tier == "fast":  # first: most ticks read nothing else
                         out.fast = backend.read_fast(index)
+                    elif tier == "static":
+                        out.static = backend.read_static(index)
                     elif tier == "costly":
                         with_energy = "energy" in tiers
                         out.costly = backend.read_costly(index, energy=with_energy)
@@ -482,10 +582,12 @@ class NvmlCollector(Collector):
 
     def _report(self, batch: Batch, index: int, st: _GpuState, res: _Pass, now: float) -> None:
         """Add one GPU's samples from its newest read (already taken into `st`); tier ages
-        are counted to `now`."""
-        subject = gpu_subject(index)
-        batch.extend(st.static_batch)
+        are counted to `now`. The same samples, in the same order, as static_batch, gpu.lost,
+        gpu.nvml_error, add_fast, slow_batch, profile_batch and add_ages: all but the fast
+        values, the error and the ages are composed once per read that changes them."""
         if res.lost is not None:
+            subject = st.subject
+            batch.extend(st.static_batch)
             if not st.read_at.get("lost_logged"):
                 log.warning("nvml: %s", res.lost)
                 st.read_at["lost_logged"] = now
@@ -496,51 +598,86 @@ class NvmlCollector(Collector):
             self._slow_taken = True  # its processes are gone with them
             st.slow_batch = Batch()
             st.profile_batch = Batch()
+            self._compose(st)
             return
-        st.read_at.pop("lost_logged", None)
-        batch.add("gpu.lost", subject, 0.0)
-        batch.add("gpu.nvml_error", subject, float(res.error))
-        if st.fast is not None:
-            add_fast(batch, index, st.fast, st.fast_samples)
-        batch.extend(st.slow_batch)
-        batch.extend(st.profile_batch)
-        add_ages(
-            batch,
-            index,
-            {t: now - st.read_at[t] for t in TIERS if t in st.read_at},
-        )
+        if "lost_logged" in st.read_at:
+            del st.read_at["lost_logged"]
+        out = batch.samples
+        out += st.head
+        error = st.error
+        if error is None or error.value != res.error:
+            error = st.error = new_sample("gpu.nvml_error", st.subject, float(res.error))
+        out.append(error)
+        if st.fast is not None and st.fast_samples is not None:
+            st.fast_samples.add(out, st.fast)
+        out += st.tail
+        add_ages_at(out, st.subject, st.ages, st.read_at, now)
+        merged = batch.attrs
+        for subject, attrs in st.attrs.items():
+            known = merged.get(subject)
+            if known is None:
+                merged[subject] = dict(attrs)
+            else:
+                known.update(attrs)
+
+    def _compose(self, st: _GpuState) -> None:
+        """What _report sends unchanged from tick to tick, after a read changed it."""
+        st.head = [*st.static_batch.samples, Sample("gpu.lost", st.subject, 0.0)]
+        st.tail = [*st.slow_batch.samples, *st.profile_batch.samples]
+        attrs: dict[str, dict[str, str]] = {}
+        for part in (st.static_batch, st.slow_batch, st.profile_batch):
+            for subject, values in part.attrs.items():
+                attrs.setdefault(subject, {}).update(values)
+        st.attrs = attrs
+        st.ages = age_keys(t for t in TIERS if t in st.read_at)
+        every = self._every
+        if st.static is None or st.slow is None or st.costly is None or st.profile is None:
+            st.recheck_at = 0.0
+        else:
+            # the earliest a timed tier can come due, a little early so that _due, which
+            # decides, sees it whatever the rounding
+            read_at = st.read_at
+            st.recheck_at = min(read_at.get(t, 0.0) + every[t] for t in _TIMED) - 0.051
 
     def _take(self, index: int, st: _GpuState, res: _Pass, read_at: float) -> None:
         """Keep a new read's values and rebuild the samples of the tiers it refreshed."""
+        composed = False
         if res.static is not None:
             st.static, st.read_at["static"] = res.static, read_at
             st.static_batch = Batch()
             add_static(st.static_batch, res.static)
+            composed = True
         if res.fast is not None:
+            if "fast" not in st.read_at:
+                composed = True  # a new tier to age
             st.fast, st.read_at["fast"] = res.fast, read_at
         if res.profile is not None:
             st.profile, st.read_at["profile"] = res.profile, read_at
             st.profile_batch = Batch()
             add_profile(st.profile_batch, index, res.profile)
+            composed = True
         if res.costly is not None:
             if res.energy_read:
                 st.read_at["energy"] = read_at
             elif st.costly is not None:  # the last energy value stands until the next read
                 res.costly = dataclasses.replace(res.costly, energy=st.costly.energy)
             st.costly, st.read_at["costly"] = res.costly, read_at
+            composed = True
         if res.slow is not None:
             st.slow, st.read_at["slow"] = res.slow, read_at
-        if res.slow is None and res.costly is None:
-            return
-        self._slow_taken = True
-        merged = merge_costly(st.slow, st.costly)
-        if merged is not None:
-            st.slow_batch = Batch()
-            add_slow(st.slow_batch, index, merged)
-            self._describe_processes(st.slow_batch, merged)
+            composed = True
+        if res.slow is not None or res.costly is not None:
+            self._slow_taken = True
+            merged = merge_costly(st.slow, st.costly)
+            if merged is not None:
+                st.slow_batch = Batch()
+                add_slow(st.slow_batch, index, merged)
+                self._describe_processes(st.slow_batch, merged)
+        if composed:
+            self._compose(st)
 
     def _report_hung(self, batch: Batch, index: int, st: _GpuState, now: float) -> None:
-        subject = gpu_subject(index)
+        subject = st.subject
         batch.extend(st.static_batch)
         batch.add("gpu.nvml_error", subject, float(NVML_ERROR_TIMEOUT))
         add_ages(
