@@ -254,13 +254,18 @@ def _run_as_the_daemonset_does(dockerd: dict[str, str]) -> None:
     try:
         line = _until("the host's dockerd asked through /host", engine_line)
         assert f"answers at /host{sock} (docker " in line, line
-        metrics = _docker(dockerd, "exec", name, "/opt/moptd/bin/python", "-c", _GET,
-                          "/metrics", "9477").stdout  # fmt: skip
-        size = next(
-            float(x.split()[-1])
-            for x in metrics.splitlines()
-            if x.startswith('moptd_node_filesystem_size_bytes{path="/"}')
-        )
+        def root_size() -> str:
+            # polled: the engine line can come from a pass before the host collector's
+            # first one reached /metrics (seen once under load)
+            metrics = _docker(dockerd, "exec", name, "/opt/moptd/bin/python", "-c", _GET,
+                              "/metrics", "9477").stdout  # fmt: skip
+            return next(
+                (x for x in metrics.splitlines()
+                 if x.startswith('moptd_node_filesystem_size_bytes{path="/"}')),
+                "",
+            )  # fmt: skip
+
+        size = float(_until("the host's / in /metrics", root_size).split()[-1])
         host = os.statvfs("/")
         assert size == host.f_blocks * host.f_frsize  # the host's /, not the container's
     finally:
