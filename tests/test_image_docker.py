@@ -254,6 +254,7 @@ def _run_as_the_daemonset_does(dockerd: dict[str, str]) -> None:
     try:
         line = _until("the host's dockerd asked through /host", engine_line)
         assert f"answers at /host{sock} (docker " in line, line
+
         def root_size() -> str:
             # polled: the engine line can come from a pass before the host collector's
             # first one reached /metrics (seen once under load)
