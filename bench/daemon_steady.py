@@ -51,16 +51,25 @@ def main() -> int:
     ap.add_argument("--recording", help="NVML recording for the recorded backend")
     ap.add_argument("--gpus", type=int, default=1, help="replicate the recording to N GPUs")
     ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--option", action="append", default=[], metavar="COLLECTOR.KEY=SECONDS",
+                    help="a collector's option, e.g. nvml.profile_interval=30 or host.interval=5 "
+                         "(repeatable; the bench itself sets nvml.interval and host.interval to "
+                         "1): to price a cadence against another on the same host")
     add_ports_arg(ap)
     args = ap.parse_args()
     use_ports(args.ports)
 
-    extra: dict[str, object] = {"collectors": {"nvml": {"interval": "1s"},
-                                               "host": {"interval": "1s"}}}
+    collectors: dict[str, dict[str, object]] = {"nvml": {"interval": "1s"},
+                                                 "host": {"interval": "1s"}}
+    for option in args.option:
+        name, _, value = option.partition("=")
+        collector, _, key = name.partition(".")
+        collectors.setdefault(collector, {})[key] = float(value)
     if args.recording:
-        extra["collectors"]["nvml"].update(  # type: ignore[index]
+        collectors["nvml"].update(
             {"backend": "recorded", "recording": str(Path(args.recording).resolve()),
              "replicate": args.gpus})
+    extra: dict[str, object] = {"collectors": collectors}
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp), extra)
         d.start()
