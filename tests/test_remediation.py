@@ -254,7 +254,9 @@ class Rig:
         return v if isinstance(v, float) else None
 
 
-async def until(cond, limit: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+async def until(cond, limit: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    # a liveness bound, not a timing: CI's 2 cores under a full suite once took over 20 s
+    # from the restart to the audit's outcome (3 s alone)
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > limit:
