@@ -129,7 +129,41 @@ def _validator(text: str) -> Any:
     per file resolved its $refs afresh each time (34 files: about a third of the check)."""
     import jsonschema  # type: ignore[import-untyped]
 
-    return jsonschema.Draft202012Validator(json.loads(text))
+    return jsonschema.Draft202012Validator(_inline_refs(json.loads(text)))
+
+
+def _inline_refs(doc: dict[str, Any]) -> dict[str, Any]:
+    """The schema with each ``{"$ref": "#/$defs/NAME"}`` replaced by that definition itself
+    (the same dict: a branch's ``decide`` holds branches, so the result has cycles, which
+    the validator only follows as deep as a document goes). jsonschema resolves a $ref
+    through its registry at every use, about a quarter of checking the shipped rules; the
+    errors, their messages and their paths in the document are the same
+    (tests/test_rule_loader.py)."""
+    defs = doc.get("$defs", {})
+
+    def target(v: object) -> object:
+        if isinstance(v, dict) and len(v) == 1 and isinstance(v.get("$ref"), str):
+            name = v["$ref"].removeprefix("#/$defs/")
+            if name != v["$ref"] and name in defs:
+                return defs[name]
+        return v
+
+    seen: set[int] = set()
+    stack: list[object] = [doc]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            for k, v in node.items():
+                node[k] = target(v)
+                stack.append(node[k])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                node[i] = target(v)
+                stack.append(node[i])
+    return doc
 
 
 def _validate(doc: object, file: str, validator: Any = None) -> list[RuleError]:
