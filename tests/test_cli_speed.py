@@ -101,6 +101,21 @@ def test_explain_of_a_paste_imports_neither_aiohttp_nor_the_collectors(tmp_path:
     assert not _named(mods, "jsonschema")
 
 
+def test_a_replay_imports_neither_asyncio_nor_prometheus_client_nor_other_commands(
+    tmp_path: Path,
+) -> None:
+    """A replay of a bundle (a kernel log, vLLM evidence) runs no event loop and
+    exports nothing: asyncio (with ssl), prometheus_client and the other commands' modules
+    were 0.08 s of the 1 h replay bench (BENCHMARKS.md, issue 32 on the merged tree)."""
+    bundle = REPO / "tests/fixtures/incidents/xid79-gpu-then-vllm-shm-stall"
+    mods = _imported(tmp_path, "replay", str(bundle), "--json", ok=(0, 1, 2))
+    assert "moptd.serving.signals" in mods  # the list is real: the readers are in it
+    assert "moptd.collectors.container" in mods  # and the collectors ran over the bundle
+    assert not _named(mods, "asyncio", "ssl", "prometheus_client")
+    others = {m for m in mods if m.startswith("moptd.cli.cmd_")}
+    assert others == {"moptd.cli.cmd_replay"}
+
+
 # a daemon's answer needs neither the rules (their facts are cached), nor a GPU backend,
 # nor an HTTP client library, nor the exporter's
 NOT_WITH_THE_DAEMON_UP = (
