@@ -3,8 +3,9 @@
 One YAML file per emitter beside this module (format: CATALOG_FORMAT, the lead's note, as
 summarised in docs/accuracy.md): where the messages were read (repository or wheel, ref,
 how), and each message with its source file and the code a careful expert concludes from
-it alone, or ``benign`` with a ``why``. Loaded once, validated whole; a bad file is refused
-with its name, the entry and the key. That every code exists in moptd.diagnose.codes is a
+it alone, or ``benign`` with a ``why``. Loaded once, validated whole (catalogs(); a reader
+of one emitter's records may read that emitter's file alone, emitter()); a bad file is
+refused with its name, the entry and the key. That every code exists in moptd.diagnose.codes is a
 test's job (this layer may not import the diagnosis).
 """
 
