@@ -118,7 +118,7 @@ def add_histogram(b: Batch, signal: str, subject: str, h: Histogram) -> None:
 
 
 # le texts by bound: a page's buckets are the same few bounds page after page (an hour of
-# the replay bench's vLLM pages: 20,880 bounds, 26 distinct). Bounded: a hostile endpoint's
+# the replay bench's vLLM pages: 20,880 bounds, 43 distinct). Bounded: a hostile endpoint's
 # page may name new bounds on every scrape; past the bound a text is made, not kept.
 _LE_TEXTS: dict[float, str] = {}
 _LE_TEXTS_MAX = 1024
