@@ -185,7 +185,8 @@ def _ab(
                  for a, b in zip(runs["this"], runs["other"], strict=True)]
         print(
             f"ratio this/other: wall {w_this / w_other:.3f}, CPU {c_this / c_other:.3f} "
-            f"(per round {min(pairs):.3f}-{max(pairs):.3f}), peak RSS {r_this / r_other:.3f}"
+            f"(per round {min(pairs):.3f}-{max(pairs):.3f}, their median "
+            f"{statistics.median(pairs):.3f}), peak RSS {r_this / r_other:.3f}"
         )
         same = {json.dumps(x["codes"]) for rs in runs.values() for x in rs}
         print(f"same codes on both sides: {len(same) == 1}")

@@ -10,7 +10,6 @@ event loop (nor, being a daemon thread, the daemon's exit).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import os
@@ -276,6 +275,10 @@ class Collector:
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pending is not None and not self._pending.done():
             raise CollectorBusy(f"{self.name}: the previous call is still running")
+        # imported here: a replay runs its collectors without an event loop, and asyncio
+        # with the ssl it pulls in was 15-20 ms of every replay (BENCHMARKS.md, issue 32)
+        import asyncio
+
         fut = self.worker().submit(fn, *args)
         self._pending = fut
         return await asyncio.wrap_future(fut)

@@ -101,6 +101,23 @@ def test_explain_of_a_paste_imports_neither_aiohttp_nor_the_collectors(tmp_path:
     assert not _named(mods, "jsonschema")
 
 
+def test_a_replay_imports_no_event_loop_exporter_nvml_or_other_command(
+    tmp_path: Path,
+) -> None:
+    """A replay of a bundle (a kernel log, vLLM evidence) runs no event loop, exports
+    nothing and reads no live GPU: asyncio (with ssl), prometheus_client, pynvml (with
+    ctypes) and the other commands' modules were about 0.1 s of the 1 h replay bench
+    (BENCHMARKS.md, issue 32 on the merged tree)."""
+    bundle = REPO / "tests/fixtures/incidents/xid79-gpu-then-vllm-shm-stall"
+    mods = _imported(tmp_path, "replay", str(bundle), "--json", ok=(0, 1, 2))
+    assert "moptd.serving.signals" in mods  # the list is real: the readers are in it
+    assert "moptd.collectors.container" in mods  # and the collectors ran over the bundle
+    assert not _named(mods, "asyncio", "ssl", "prometheus_client", "pynvml", "ctypes")
+    assert "moptd.gpu.backend" not in mods  # the live NVML backend
+    others = {m for m in mods if m.startswith("moptd.cli.cmd_")}
+    assert others == {"moptd.cli.cmd_replay"}
+
+
 # a daemon's answer needs neither the rules (their facts are cached), nor a GPU backend,
 # nor an HTTP client library, nor the exporter's
 NOT_WITH_THE_DAEMON_UP = (

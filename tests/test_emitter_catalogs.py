@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from moptd.catalog.emitters import BENIGN, PER_XID, CatalogError, Message, catalogs, parse
+from moptd.catalog.emitters import (
+    BENIGN,
+    PER_XID,
+    CatalogError,
+    Message,
+    catalogs,
+    parse,
+)
+from moptd.catalog.emitters import emitter as one_catalog
 from moptd.diagnose.codes import CODES
 from moptd.kernel.attribution import records_to_events
 from moptd.kernel.logparse import parse_kernel_log
@@ -350,3 +358,16 @@ def test_rescoring_the_corpus_keeps_the_coverage_section(
     out = tmp_path / "accuracy.md"
     out.write_text(doc)
     assert scorer.keep_coverage(doc[:start] + doc[end:], out) == doc
+
+
+def test_one_emitters_catalog_is_its_entry_in_the_whole_set() -> None:
+    """emitter(id) reads one file where it can (a replay reads the two kernel catalogs,
+    not sixteen): the same catalog as the whole set's, also where the file is named
+    otherwise than its emitter (tensorrt-llm.yaml declares trtllm), and None for an id no
+    file declares."""
+    whole = catalogs()
+    assert "trtllm" in whole
+    for eid, em in whole.items():
+        assert one_catalog(eid) == em
+    assert one_catalog("tensorrt-llm") is None
+    assert one_catalog("no-such-emitter") is None

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from moptd.catalog import CATALOG, Catalog, SignalSpec
 from moptd.clock import VirtualClock
@@ -25,7 +26,7 @@ from moptd.collectors.serving import ServingCollector
 from moptd.daemon.exporter import SnapshotCollector, TextRenderer
 from moptd.observations import Batch
 from moptd.serving.histogram import Histogram
-from moptd.serving.signals import add_histogram
+from moptd.serving.signals import _le, add_histogram, go_float
 from moptd.store import SignalStore
 from tests.conftest import FIXTURES, require_tool
 
@@ -217,3 +218,19 @@ def test_a_histogram_name_that_would_collide_is_refused() -> None:
 def test_every_engine_latency_histogram_is_declared() -> None:
     exported = {s.metric for s in CATALOG.values() if s.kind == "histogram"}
     assert exported == set(SOURCES)
+
+
+# the bounds real pages carry (vLLM's buckets), the edges of the format's switch to an
+# exponent (dot > 6), and the specials
+_BOUNDS = (0.001, 0.005, 0.02, 0.25, 1.0, 2.5, 640.0, 2560.0, 123456.0, 1234567.0, 1e6,
+           1e7, 1.7e9, 12345678.9, 1e22, -2.5, -1e7, 0.0, -0.0, math.inf, -math.inf, math.nan)
+
+
+@given(st.one_of(st.floats(), st.sampled_from(_BOUNDS)))
+@settings(max_examples=400, deadline=None)
+def test_le_is_written_as_prometheus_client_writes_it(bound: float) -> None:
+    """The copy of floatToGoString in moptd.serving.signals (a replay does not import
+    prometheus_client) gives the installed prometheus_client's text, kept or not."""
+    assert go_float(bound) == floatToGoString(bound)
+    assert _le(bound) == floatToGoString(bound)
+    assert _le(bound) == floatToGoString(bound)  # a kept text too

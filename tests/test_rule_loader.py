@@ -167,3 +167,66 @@ def test_schema_file_agrees_with_the_code_table() -> None:
     assert s["$defs"]["verdict"]["properties"]["severity"]["enum"] == list(SEVERITIES)
     assert s["$defs"]["rule"]["properties"]["layer"]["enum"] == list(LAYERS)
     assert tuple(s["$defs"]["action"]["properties"]["kind"]["enum"]) == ACTION_KINDS
+
+
+def _broken(doc: object, k: int) -> object:
+    """A shipped rule file's document broken in one of several ways the schema refuses,
+    at a depth that goes through every $ref of the schema (rule, decide, branch, verdict,
+    action, duration, link)."""
+    import copy
+
+    d = copy.deepcopy(doc)
+    assert isinstance(d, dict)
+    rules = d.get("rules") or []
+    for rule in rules:
+        branch = rule["decide"][k % len(rule["decide"])]
+        if k % 7 == 0:
+            rule["status"] = "retired"
+        elif k % 7 == 1:
+            branch["bogus"] = 1
+        elif k % 7 == 2:
+            branch.pop("if", None)
+            branch.pop("else", None)
+        elif k % 7 == 3:
+            rule["for"] = "ten minutes"
+        elif k % 7 == 4 and "verdict" in branch:
+            branch["verdict"]["actions"] = [{"kind": "inspect"}, {"kind": "pray", "command": ""}]
+        elif k % 7 == 5 and "decide" in branch:
+            branch["decide"][0]["verdict"] = {"code": "NOT_A_CODE"}
+        else:
+            rule["decide"] = []
+    for link in d.get("links") or []:
+        link["within"] = -1
+        link["cause"] = []
+    return d
+
+
+def test_the_loaders_validator_gives_jsonschemas_errors_on_broken_shipped_rules() -> None:
+    """The loader checks with the schema's $refs replaced by their definitions (quicker):
+    on every shipped rule file, intact and broken seven ways, its errors (path, message,
+    keyword) are those of jsonschema's own validator over the schema file as written."""
+    import jsonschema  # type: ignore[import-untyped]
+
+    from moptd.diagnose.loader import _schema_path, _validator, parse_yaml, schema
+    from moptd.diagnose.rulefiles import read_rule_file, rule_files
+
+    plain = jsonschema.Draft202012Validator(schema())
+    ours = _validator(_schema_path().read_text())
+    assert "$ref" not in str(ours.schema["$defs"]["branch"])  # the replaced schema is used
+
+    def errors(v: object, doc: object) -> list[tuple[list[str], str, str]]:
+        got = v.iter_errors(doc)  # type: ignore[attr-defined]
+        return sorted((list(map(str, e.absolute_path)), e.message, e.validator) for e in got)
+
+    files, _ = rule_files([default_rules_dir()])
+    compared = 0
+    for f in files:
+        doc, errs = parse_yaml(read_rule_file(f), str(f))
+        assert not errs
+        assert errors(ours, doc) == errors(plain, doc) == []
+        for k in range(7):
+            bad = _broken(doc, k)
+            want = errors(plain, bad)
+            assert errors(ours, bad) == want, (f, k)
+            compared += len(want)
+    assert compared > 500

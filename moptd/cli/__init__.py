@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import pkgutil
@@ -25,7 +26,10 @@ def _add_config(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only`` (a command whose module is cmd_<only>.py),
+    of the further commands only that one's module is imported and added (main()), or all
+    where that module adds no command of that name."""
     parser = argparse.ArgumentParser(
         prog="moptd",
         description="Node daemon and diagnostician for NVIDIA GPU inference hosts.",
@@ -79,9 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
     # Further commands live in moptd/cli/cmd_<name>.py, each with
     # add_parser(subparsers) that sets `func` on its parser.
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
+        if info.name.startswith("cmd_") and (only is None or info.name == f"cmd_{only}"):
             importlib.import_module(f"{__name__}.{info.name}").add_parser(sub)
+    if only is not None and only not in sub.choices:
+        return build_parser()  # its module names no such command: all, as for a typo
     return parser
+
+
+def _command_module(argv: Sequence[str]) -> str | None:
+    """The command a command line names where its module is cmd_<command>.py: its parser
+    is then the only further one built. Importing every cmd_*.py and building all their
+    parsers was 0.06 s of each command (BENCHMARKS.md, issue 32 on the merged tree); the
+    top level has no option but --version and -h, so the first word is the command."""
+    first = argv[0] if argv else ""
+    if not first.isidentifier() or first.startswith("_"):
+        return None  # an option, or a name no module can have (install-service: all)
+    spec = importlib.util.find_spec(f"{__name__}.cmd_{first}")
+    return first if spec is not None else None
 
 
 class ClosedPipeGuard:
@@ -131,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # error messages quote evidence (a member name from a tarball, a pasted line): one
         # sanitiser for all of them, not one call at each (issue 30, item 4)
         sys.stderr = TerminalStream(sys.stderr)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_module(words))
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -7,6 +7,7 @@ bad input. Paths are read in order: a later file's rule with an existing id repl
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -113,16 +114,61 @@ def parse_yaml(text: str, file: str) -> tuple[object, list[RuleError]]:
         return None, [RuleError(file, 1, f"YAML: {e}")]
 
 
+def _schema_path() -> Path:
+    return default_rules_dir() / "schema" / "moptd-rules.schema.json"
+
+
 def schema() -> dict[str, Any]:
-    path = default_rules_dir() / "schema" / "moptd-rules.schema.json"
-    loaded: dict[str, Any] = json.loads(path.read_text())
+    loaded: dict[str, Any] = json.loads(_schema_path().read_text())
     return loaded
 
 
-def _validate(doc: object, file: str) -> list[RuleError]:
+@functools.cache
+def _validator(text: str) -> Any:
+    """The schema's validator, made once a process for the schema's text: a validator made
+    per file resolved its $refs afresh each time (34 files: about a third of the check)."""
     import jsonschema  # type: ignore[import-untyped]
 
-    validator = jsonschema.Draft202012Validator(schema())
+    return jsonschema.Draft202012Validator(_inline_refs(json.loads(text)))
+
+
+def _inline_refs(doc: dict[str, Any]) -> dict[str, Any]:
+    """The schema with each ``{"$ref": "#/$defs/NAME"}`` replaced by that definition itself
+    (the same dict: a branch's ``decide`` holds branches, so the result has cycles, which
+    the validator only follows as deep as a document goes). jsonschema resolves a $ref
+    through its registry at every use, about a quarter of checking the shipped rules; the
+    errors, their messages and their paths in the document are the same
+    (tests/test_rule_loader.py)."""
+    defs = doc.get("$defs", {})
+
+    def target(v: object) -> object:
+        if isinstance(v, dict) and len(v) == 1 and isinstance(v.get("$ref"), str):
+            name = v["$ref"].removeprefix("#/$defs/")
+            if name != v["$ref"] and name in defs:
+                return defs[name]
+        return v
+
+    seen: set[int] = set()
+    stack: list[object] = [doc]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            for k, v in node.items():
+                node[k] = target(v)
+                stack.append(node[k])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                node[i] = target(v)
+                stack.append(node[i])
+    return doc
+
+
+def _validate(doc: object, file: str, validator: Any = None) -> list[RuleError]:
+    if validator is None:
+        validator = _validator(_schema_path().read_text())
     errors = []
     for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
         path = list(err.absolute_path)
@@ -163,6 +209,7 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
     """Read, validate and compile rule files. ``errors`` is empty when the set is usable."""
     files, errors = rule_files(paths)
     sources: list[_Source] = []
+    validator = None
     for f in files:
         try:
             text = read_rule_file(f)
@@ -186,7 +233,9 @@ def load_rules(paths: Sequence[str | Path], catalog: Mapping[str, SignalSpec] = 
         known = rulefiles.VALIDATED
         digest = rulefiles.schema_digest(text) if known is not None else ""
         if known is None or digest not in known:
-            errs = _validate(doc, str(f))
+            if validator is None:  # the schema read once a load (a reload reads it again)
+                validator = _validator(_schema_path().read_text())
+            errs = _validate(doc, str(f), validator)
             if errs:
                 errors.extend(errs)
                 continue

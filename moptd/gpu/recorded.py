@@ -49,7 +49,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from moptd.gpu.backend import GPM_METRICS, NvmlBackend
 from moptd.gpu.batch import add_fast, add_profile, add_slow, gpu_batch
 from moptd.gpu.nvsmi import read_dump
 from moptd.gpu.readings import (
@@ -499,6 +498,10 @@ def _probe_profile(gpm: dict[str, Any]) -> ProfileReading:
     supported = gpm.get("supported")
     if supported != 1:
         return ProfileReading(gpm_supported=0.0 if supported == 0 else None)
+    # the live backend's table (imported here: it imports pynvml, which a replay of
+    # dumps or samples.jsonl never needs; BENCHMARKS.md, issue 32 on the merged tree)
+    from moptd.gpu.backend import GPM_METRICS
+
     by_id = {int(m["id"]): m for m in gpm.get("metrics", [])}
     values: dict[str, float | None] = {}
     for field_name, mid, scale in GPM_METRICS:
@@ -783,6 +786,8 @@ def record_live(
     """Record the live NVML backend's readings (every tier, the profile tier's GPM
     metrics and the slow tier's per-process utilisation included); returns the number of
     entries written."""
+    from moptd.gpu.backend import NvmlBackend
+
     backend = NvmlBackend()
     backend.init()
     rec = Recording(

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from typing import Any
 
 from moptd.catalog.emitters import BENIGN as _BENIGN_CODE
-from moptd.catalog.emitters import Message, catalogs
+from moptd.catalog.emitters import CatalogError, Message, emitter
 
 # emitter id -> the start of its records
 _EMITTERS = (
@@ -51,8 +51,13 @@ KERNEL_CATALOGS = ("nvidia-kernel", "linux-kernel")
 
 
 def _catalogued(code: str) -> tuple[Message, ...]:
-    cats = catalogs()
-    return tuple(m for e in KERNEL_CATALOGS for m in cats[e].messages if m.code == code)
+    out: list[Message] = []
+    for e in KERNEL_CATALOGS:
+        em = emitter(e)
+        if em is None:
+            raise CatalogError(f"no emitter catalog declares {e!r}")
+        out.extend(m for m in em.messages if m.code == code)
+    return tuple(out)
 
 
 # Harmless lines that read like failures, and errors moptd knows it cannot classify.

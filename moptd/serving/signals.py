@@ -117,13 +117,43 @@ def add_histogram(b: Batch, signal: str, subject: str, h: Histogram) -> None:
     b.add(signal, subject, h.sum, HISTOGRAM_SUM)
 
 
-def _le(bound: float) -> str:
-    # imported here: the configuration imports this module, and `moptd explain` must not
-    # load prometheus_client for that (BENCHMARKS.md, issue 31)
-    from prometheus_client.utils import floatToGoString
+# le texts by bound: a page's buckets are the same few bounds page after page (an hour of
+# the replay bench's vLLM pages: 20,880 bounds, 43 distinct). Bounded: a hostile endpoint's
+# page may name new bounds on every scrape; past the bound a text is made, not kept.
+_LE_TEXTS: dict[float, str] = {}
+_LE_TEXTS_MAX = 1024
 
-    text: str = floatToGoString(bound)  # type: ignore[no-untyped-call]
+
+def _le(bound: float) -> str:
+    text = _LE_TEXTS.get(bound)
+    if text is None:
+        text = go_float(bound)
+        if len(_LE_TEXTS) < _LE_TEXTS_MAX and bound != 0:  # 0.0 == -0.0, written apart
+            _LE_TEXTS[bound] = text
     return text
+
+
+def go_float(d: float) -> str:
+    """A float as prometheus_client writes le and quantile labels: its
+    ``prometheus_client.utils.floatToGoString`` (0.26.0, Apache-2.0), copied so that a
+    replay and `moptd explain`, which never export, do not import prometheus_client (18 ms
+    of a replay: BENCHMARKS.md, issue 32 on the merged tree). tests/test_latency_histograms.py
+    holds it equal to the installed prometheus_client's for any float."""
+    d = float(d)
+    if d == math.inf:
+        return "+Inf"
+    if d == -math.inf:
+        return "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    # Go switches to exponents sooner than Python (prometheus_client's comment); only
+    # positive values matter for le and quantile
+    if d > 0 and dot > 6:
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
 
 
 def fill_from_log(b: Batch, subject: str, st: LogState) -> None:

@@ -3,8 +3,9 @@
 One YAML file per emitter beside this module (format: CATALOG_FORMAT, the lead's note, as
 summarised in docs/accuracy.md): where the messages were read (repository or wheel, ref,
 how), and each message with its source file and the code a careful expert concludes from
-it alone, or ``benign`` with a ``why``. Loaded once, validated whole; a bad file is refused
-with its name, the entry and the key. That every code exists in moptd.diagnose.codes is a
+it alone, or ``benign`` with a ``why``. Loaded once, validated whole (catalogs(); a reader
+of one emitter's records may read that emitter's file alone, emitter()); a bad file is
+refused with its name, the entry and the key. That every code exists in moptd.diagnose.codes is a
 test's job (this layer may not import the diagnosis).
 """
 
@@ -169,11 +170,25 @@ def catalogs() -> dict[str, Emitter]:
     return out
 
 
+@cache
+def emitter(emitter_id: str) -> Emitter | None:
+    """One emitter's catalog, by id: its file ``<id>.yaml`` alone where that file declares
+    it, else from all of them; None where none does. A reader of one emitter's records (the
+    kernel log reads two catalogs of sixteen) parses only what it reads: the other files
+    were a replay's 8 ms (BENCHMARKS.md, issue 32 on the merged tree). catalogs() still
+    checks the whole set (tests/test_emitter_catalogs.py)."""
+    f = HERE / f"{emitter_id}.yaml"
+    if f.is_file():
+        em = parse(f.read_text(encoding="utf-8"), f.name)
+        if em.id == emitter_id:
+            return em
+    return catalogs().get(emitter_id)
+
+
 def lookup(emitters: tuple[str, ...], message: str) -> Message | None:
     """The first catalogued message of these emitters' catalogs found in ``message``."""
-    cats = catalogs()
     for e in emitters:
-        em = cats.get(e)
+        em = emitter(e)
         if em is None:
             continue
         for m in em.messages:
