@@ -23,7 +23,7 @@ from moptd.diagnose.codes import CODES
 from moptd.kernel.attribution import records_to_events
 from moptd.kernel.logparse import parse_kernel_log
 from moptd.serving.logparse import LogState, parse_head
-from moptd.serving.logrecord import Head
+from moptd.serving.logrecord import Head, split_record
 
 SERVING = (
     "vllm",
@@ -80,7 +80,11 @@ def test_every_message_cites_a_source_and_maps_to_a_code(emitter: str, msg: obje
 
 
 def _code_of(emitter: str, text: str) -> str | None:
-    rec = parse_head(Head(emitter, "", "", text))
+    return _code_of_head(Head(emitter, "", "", text))
+
+
+def _code_of_head(head: Head) -> str | None:
+    rec = parse_head(head)
     if rec is None:
         return None
     kind = str(rec.fields.get("kind", ""))
@@ -105,6 +109,12 @@ def test_the_parsers_agree_with_the_catalog(emitter: str, msg: object) -> None:
             assert rec is None or rec.stream != "serving.unclassified_error"
         return
     assert _code_of(emitter, text) == code, f"{emitter}: {text!r} is not read as {code}"
+    if msg.seen:  # type: ignore[attr-defined]
+        # and on the real line the catalog names (its emitter's record prefix and context)
+        path, _, number = msg.seen.rpartition(":")  # type: ignore[attr-defined]
+        line = (REPO / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+        assert msg.found_in(line), f"{msg.seen} does not carry {text!r}"  # type: ignore[attr-defined]
+        assert _code_of_head(split_record(line)) == code, f"{line!r} is not read as {code}"
 
 
 @pytest.mark.parametrize(

@@ -286,6 +286,13 @@ def _trt_oom(msg: str) -> LogRecord | None:
 _CUDA_ERRORS = (
     ("an illegal memory access was encountered", "illegal_address"),
     ("cudaErrorIllegalAddress", "illegal_address"),
+    # the driver API's name of it (cuGetErrorName), as TensorFlow/XLA, JAX and cupy print it
+    # ("failed to query event: CUDA_ERROR_ILLEGAL_ADDRESS: ...", googlecolab/colabtools#2170)
+    ("CUDA_ERROR_ILLEGAL_ADDRESS", "illegal_address"),
+    # cudaErrorMisalignedAddress (716): a load or store at an address not aligned for its
+    # width, sticky like an illegal address (driver_types.h words both alike); the same
+    # finding ("RuntimeError: CUDA error: misaligned address", verl-project/verl#3558)
+    ("misaligned address", "illegal_address"),
     ("no kernel image is available for execution on the device", "no_kernel_image"),
     ("is not compatible with the current PyTorch installation", "arch_not_in_build"),
     # Triton's (or torch.compile's) JIT: the ptxas it ships does not know this GPU's
@@ -295,9 +302,18 @@ _CUDA_ERRORS = (
     ("is not defined for option 'gpu-name'", "ptxas_arch_unknown"),
     ("CUDA driver version is insufficient for CUDA runtime version", "driver_too_old"),
     ("The NVIDIA driver on your system is too old", "driver_too_old"),
+    # cudaErrorCompatNotSupportedOnDevice (804): the user-mode driver in use (a forward-
+    # compatibility libcuda, or one upgraded without reloading the module) is newer than the
+    # loaded kernel driver, on a GPU that cannot bridge that: a newer loaded driver is the
+    # fix (vllm#5510, onnxruntime#21435)
+    ("forward compatibility was attempted on non supported HW", "driver_too_old"),
+    # cudaErrorUnsupportedPtxVersion (222): PTX from a toolchain newer than the driver's JIT
+    # (driver_types.h; NVIDIA's answer in NVIDIA/nvbandwidth#61)
+    ("the provided PTX was compiled with an unsupported toolchain", "driver_too_old"),
     # cudaErrorSystemNotReady (802) / CUDA_ERROR_SYSTEM_NOT_READY: on an NVSwitch system the
     # NVLink fabric is not initialised (fabric manager down); rules/driver/fabric-manager
     ("system not yet initialized", "system_not_ready"),
+    ("CUDA_ERROR_SYSTEM_NOT_READY", "system_not_ready"),
     ("engine plan file is not compatible with this version of TensorRT", "trt_engine_version"),
     ("engine plan file is generated on an incompatible device", "trt_engine_device"),
     # TensorRT's serialisation check, 7 to 10 ("coreReadArchive.cpp (38) - Serialization Error
@@ -434,12 +450,17 @@ _PARSERS: tuple[tuple[str, MessageParser], ...] = (
     ("Failed to allocate memory for requested buffer", _oom),
     ("illegal memory access", _cuda_error),
     ("cudaErrorIllegalAddress", _cuda_error),
+    ("CUDA_ERROR_ILLEGAL_ADDRESS", _cuda_error),
+    ("misaligned address", _cuda_error),
     ("no kernel image", _cuda_error),
     ("option 'gpu-name'", _cuda_error),
     ("current PyTorch installation", _cuda_error),
     ("driver version is insufficient", _cuda_error),
     ("driver on your system is too old", _cuda_error),
+    ("forward compatibility was attempted", _cuda_error),
+    ("unsupported toolchain", _cuda_error),
     ("system not yet initialized", _cuda_error),
+    ("CUDA_ERROR_SYSTEM_NOT_READY", _cuda_error),
     ("engine plan file", _cuda_error),
     ("Version tag does not match", _cuda_error),
     ("find plugin", _cuda_error),
