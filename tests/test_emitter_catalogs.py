@@ -107,6 +107,9 @@ def test_the_parsers_agree_with_the_catalog(emitter: str, msg: object) -> None:
             line = f"ERROR 12-05 08:00:00 [x.py:1] {text}" if emitter == "vllm" else text
             rec = state.record(line)
             assert rec is None or rec.stream != "serving.unclassified_error"
+        else:  # quoted, so no parser may read it as a code: else the entry is stale
+            read_as = _code_of(emitter, text)
+            assert read_as is None, f"{emitter}: {text!r} is read as {read_as}: update the entry"
         return
     assert _code_of(emitter, text) == code, f"{emitter}: {text!r} is not read as {code}"
     if msg.seen:  # type: ignore[attr-defined]
