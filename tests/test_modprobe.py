@@ -4,10 +4,11 @@ under tests/fixtures/kernel-paste/bundles/ (SOURCE.md there)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from moptd.bundle.errors import BundleError
@@ -16,6 +17,7 @@ from moptd.collectors.driver import (
     MODPROBE_MODULES,
     ModprobeFailure,
     modprobe_batch,
+    modprobe_module,
     parse_modprobe_output,
 )
 from moptd.kernel.patterns import module_name
@@ -160,3 +162,46 @@ def test_long_lines_are_bounded(piece, times):
     for f in parse_modprobe_output(line + "': No such device"):
         assert len(f.message) <= 256
         assert len(f.module) <= 255
+
+
+# The single pattern driver.py used before it found the words first (cubic over a run of
+# blanks, so it is fed short lines only): the split match must read every line as it did.
+_ONE_PATTERN = re.compile(
+    r"(?P<tool>modprobe|insmod|systemd-modules-load)?(?:\[\d+\])?:?\s*(?:ERROR|FATAL)?:?\s*"
+    r"(?:could not insert (?:module )?'?(?P<kmod>[^'\s:]{1,255})'?"
+    r"|Error inserting (?P<mit>\S{1,255})(?: \([^)]{0,512}\))?"
+    r"|Failed to insert (?:module )?'(?P<sd>[^']{1,255})')"
+    r": (?P<error>[^\n]{1,256}?)\s*$"
+)
+_line_pieces = st.sampled_from(
+    [
+        "modprobe", "insmod", "systemd-modules-load", "[42]", ":", " ", "\t", "ERROR",
+        "FATAL", "could not insert ", "Error inserting ", "Failed to insert ", "module ",
+        "'", "nvidia", "(x)", ": ", "Operation not permitted", "gdm3[7055]",
+    ]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(_line_pieces, st.text(max_size=4)), max_size=14).map("".join))
+@example("modprobe: could not insert 'a' x insmod: Error inserting b: c")  # the second one
+@example("x: FATAL:  \t could not insert 'nvidia': Operation not permitted")
+def test_the_split_match_reads_each_line_as_the_one_pattern_did(line):
+    line = line.replace("\n", " ").replace("\r", " ")
+    (got,) = parse_modprobe_output(line) or [None]
+    m = _ONE_PATTERN.search(line) if "nsert" in line else None
+    if m is None:
+        assert got is None or got.error == "not_found"
+        return
+    assert got is not None
+    name = m.group("kmod") or m.group("mit") or m.group("sd") or ""
+    assert got.message == m.group("error").strip()
+    assert got.module == modprobe_module(name)
+    tool = m.group("tool") or ("systemd-modules-load" if m.group("sd") else "modprobe")
+    assert got.tool == tool
+
+
+def test_a_line_of_blanks_after_the_words_is_read_in_linear_time():
+    # 4,000 blanks after "could not insert" took the one pattern 110 s; now one pass
+    line = "modprobe: ERROR: could not insert '" + " " * 4000 + "': No such device"
+    assert parse_modprobe_output(line) == []

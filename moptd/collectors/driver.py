@@ -49,8 +49,15 @@ _DEV_NODE = re.compile(r"nvidia(\d+|ctl|-uvm(-tools)?|-modeset)")
 # What modprobe, insmod and systemd-modules-load print when the kernel refuses a module
 # (kmod's "could not insert", module-init-tools' "FATAL: Error inserting", insmod with the
 # file's path), after whatever prefix the paste has (a journal's "... gdm3[7055]: ").
+# Matched in two parts around the words, found with str.find: one pattern over the whole
+# line, all of its prefix optional, backtracked two \s* against each other at every position
+# of a run of blanks (cubic: 110 s for "could not insert" and 4,000 spaces, in a paste).
+_INSERT_WORDS = ("could not insert", "Error inserting", "Failed to insert")
+_INSERT_PREFIX = re.compile(
+    r"(?P<tool>modprobe|insmod|systemd-modules-load)?(?:\[\d+\])?:?\s*+(?:ERROR|FATAL)?:?\s*+\Z"
+)
+_INSERT_PREFIX_MAX = 64  # "systemd-modules-load[4294967295]: FATAL: " and its blanks
 _INSERT_FAILED = re.compile(
-    r"(?P<tool>modprobe|insmod|systemd-modules-load)?(?:\[\d+\])?:?\s*(?:ERROR|FATAL)?:?\s*"
     r"(?:could not insert (?:module )?'?(?P<kmod>[^'\s:]{1,255})'?"
     r"|Error inserting (?P<mit>\S{1,255})(?: \([^)]{0,512}\))?"
     r"|Failed to insert (?:module )?'(?P<sd>[^']{1,255})')"
@@ -161,6 +168,28 @@ def modprobe_module(name: str) -> str:
     return base if alias is None else "nvidia" + (alias.group("part") or "")
 
 
+def _insert_failed(line: str) -> tuple[re.Match[str], str | None] | None:
+    """The first "could not insert ..." (or its kin) that runs to the line's end, and the
+    tool named just before it, if any."""
+    starts = sorted(i for word in _INSERT_WORDS for i in _find_all(line, word))
+    for at in starts:
+        m = _INSERT_FAILED.match(line, at)
+        if m is None:
+            continue
+        window = line[max(0, at - _INSERT_PREFIX_MAX) : at]
+        prefix = _INSERT_PREFIX.search(window)
+        return m, prefix.group("tool") if prefix is not None else None
+    return None
+
+
+def _find_all(line: str, word: str) -> list[int]:
+    found, at = [], line.find(word)
+    while at >= 0:
+        found.append(at)
+        at = line.find(word, at + 1)
+    return found
+
+
 def parse_modprobe_output(text: str) -> list[ModprobeFailure]:
     """The modules modprobe, insmod or systemd-modules-load failed to insert, with why;
     lines of other kinds (verbose ``insmod /lib/...``, other programs) are skipped."""
@@ -171,12 +200,13 @@ def parse_modprobe_output(text: str) -> list[ModprobeFailure]:
         line = line.rstrip("\r")
         if len(line) > 4096:
             line = line[:4096]
-        m = _INSERT_FAILED.search(line) if "nsert" in line else None
-        if m is not None:
+        found = _insert_failed(line) if "nsert" in line else None
+        if found is not None:
+            m, tool_said = found
             name = m.group("kmod") or m.group("mit") or m.group("sd") or ""
             message = m.group("error").strip()
             error = next((c for t, c in MODPROBE_ERRORS if message.startswith(t)), "other")
-            tool = m.group("tool") or ("systemd-modules-load" if m.group("sd") else "modprobe")
+            tool = tool_said or ("systemd-modules-load" if m.group("sd") else "modprobe")
             out.append(ModprobeFailure(modprobe_module(name), error, message, tool, n))
             continue
         nf = _NOT_FOUND.search(line) if "not found" in line else None
