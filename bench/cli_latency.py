@@ -20,7 +20,11 @@ the median of the rounds with the spread (lowest-highest) beside it; the ratio i
 before/after of the medians.
 
     git worktree add /tmp/before REV     # the tree before (or: git archive REV | tar -x)
-    python bench/cli_latency.py --other /tmp/before --rounds 15
+    python bench/cli_latency.py --other /tmp/before --rounds 15 --ports 29400-29499
+
+The daemon's exporter listens only on a port of ``--ports`` (bench/benchenv.py; the API is
+a Unix socket in a temporary directory); the load average is printed at the start and the
+end, since the machine may be shared.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ import time
 from pathlib import Path
 
 THIS = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(THIS / "tests"))
+sys.path.insert(0, str(THIS))
 
-from daemon_proc import DaemonProcess  # noqa: E402
+from benchenv import add_ports_arg, use_ports  # noqa: E402
+
+from tests.daemon_proc import DaemonProcess  # noqa: E402
 
 PASTE = "tests/fixtures/kernel-drill/xid63.log"
 
@@ -105,7 +111,10 @@ def main() -> int:
         metavar="TEXT",
         help="only the commands whose name contains TEXT (repeatable)",
     )
+    add_ports_arg(ap)
     opts = ap.parse_args()
+    use_ports(opts.ports)  # the daemon's exporter: a port of the range, not any free one
+    load_at_start = os.getloadavg()[0]
     trees = {"before": opts.other.resolve(), "after": THIS}
     for tree in trees.values():
         subprocess.run(
@@ -152,7 +161,10 @@ def main() -> int:
         f"median of {opts.rounds} rounds, seconds (modules imported); "
         f"before = {trees['before']}, after = {trees['after']}"
     )
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print(
+        f"load average (1 min) at the start: {load_at_start:.2f}, "
+        f"at the end: {os.getloadavg()[0]:.2f}; exporter port {daemon.port}"
+    )
     print(
         f"{'command':26} {'before':>30} {'after':>30} {'ratio':>6}  "
         "(the ratio of medians; then the median and range of the rounds' own ratios)"
