@@ -61,7 +61,7 @@ def commands(config: Path) -> dict[str, list[str]]:
 
 
 # commands whose every call starts with an empty cache directory (the first call after an
-# install, an upgrade or a rule change); the others share one, as an operator's calls do
+# install, an upgrade or a rule change); the others share one per tree, as an operator's calls do
 COLD = {"explain (daemon up), cold"}
 
 # `python -m moptd ARGS` that writes the number of modules in sys.modules at exit
@@ -123,7 +123,11 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
     with tempfile.TemporaryDirectory(prefix="moptd-cli-bench-") as tmp:
-        shared = Path(tmp) / "cache"  # the XDG_CACHE_HOME of the calls that share one
+        # the XDG_CACHE_HOME of the calls that share one: one per tree, as each installed
+        # moptd has its user's own. One for both made the trees evict each other's
+        # validated-rules.json (its key names the loader's files, which differ by tree), so
+        # every offline call of both ran the JSON Schema check where both trees keep it
+        shared = {label: Path(tmp) / f"cache-{label}" for label in trees}
         daemon = DaemonProcess(Path(tmp)).start()
         try:
             daemon.wait_metrics(timeout=30)
@@ -139,8 +143,8 @@ def main() -> int:
             modules: dict[tuple[str, str], int] = {}
             for name, args in cmds.items():
                 for label, tree in trees.items():
-                    run(tree, args, cache=shared)  # a first call: .pyc files, the cache
-                    cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared
+                    run(tree, args, cache=shared[label])  # a first call: .pyc files, the cache
+                    cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared[label]
                     _, rc, n = run(tree, args, Path(tmp) / "n", cache=cache)
                     modules[name, label] = n
                     if rc not in (0, 1, 2):
@@ -149,11 +153,11 @@ def main() -> int:
                 for name, args in cmds.items():
                     # alternate which tree goes first, so neither always follows the other
                     for label, tree in sorted(trees.items(), reverse=bool(i % 2)):
-                        cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared
+                        cache = Path(tempfile.mkdtemp(dir=tmp)) if name in COLD else shared[label]
                         seconds, _, _ = run(tree, args, cache=cache)
                         times.setdefault((name, label), []).append(seconds)
                 for name, head in FLOOR.items():
-                    seconds, _, _ = run(THIS, [], head=head, cache=shared)
+                    seconds, _, _ = run(THIS, [], head=head, cache=shared["after"])
                     times.setdefault((name, "floor"), []).append(seconds)
         finally:
             daemon.stop()
