@@ -160,6 +160,36 @@ def test_loading_the_configuration_does_not_import_aiohttp(tmp_path: Path) -> No
     assert "aiohttp" not in mods
 
 
+def test_an_offline_status_imports_no_recorded_gpu_backend(tmp_path: Path) -> None:
+    """The live NVML collector's start imported the recorded backend (and nvidia-smi's XML
+    parser with it) that only a recording uses (BENCHMARKS.md, "issue 31: explain --offline
+    on the merged tree")."""
+    cfg = tmp_path / "moptd.yaml"
+    config = {"state_dir": str(tmp_path / "state"), "api": {"socket": str(tmp_path / "s")}}
+    cfg.write_text(yaml.safe_dump(config))
+    mods = _imported(tmp_path, "status", "--offline", "--config", str(cfg), ok=(0, 4))
+    assert "moptd.collectors.nvml" in mods  # the list is real: the collector started
+    assert "moptd.gpu.recorded" not in mods
+    assert "xml.etree.ElementTree" not in mods
+
+
+def test_the_kernel_catalogs_are_read_when_an_unmatched_record_first_asks() -> None:
+    """moptd.kernel.unclassified (imported by every kernel pass) reads the emitter catalogs
+    on first use, not at import; its BENIGN and KNOWN_UNCLASSIFIED are still there."""
+    probe = (
+        "import moptd.kernel.unclassified as u, moptd.catalog.emitters as e\n"
+        "assert e.catalogs.cache_info().currsize == 0, 'read at import'\n"
+        "assert not u.is_error(None, 'NVRM: loading NVIDIA UNIX x86_64 Kernel Module', 'nvrm')\n"
+        "assert e.catalogs.cache_info().currsize == 1\n"
+        "from moptd.kernel.unclassified import BENIGN, KNOWN_UNCLASSIFIED\n"
+        "assert BENIGN and KNOWN_UNCLASSIFIED\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 # --- one parse for the Xid catalog's lines and values (yamlsafe.compose_and_load) ---
 
 _scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)

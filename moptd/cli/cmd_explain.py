@@ -286,6 +286,7 @@ def offline_view(config: Any, since: float | None) -> dict[str, Any]:
 async def _collect_and_diagnose(
     config: Any,
 ) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
+    import asyncio
     import logging
 
     from moptd.clock import SystemClock
@@ -299,9 +300,11 @@ async def _collect_and_diagnose(
     logging.getLogger("moptd").setLevel(logging.CRITICAL)
     store = SignalStore()
     runtime = make_runtime(config, store)
-    await runtime.collect_once()
-    # the rules the daemon would run: shipped, then rules.d overrides from the config
-    rules = RuleService(store, SystemClock(), list(config.rule_paths))
+    # the rules the daemon would run: shipped, then rules.d overrides from the config. They
+    # are read and compiled on a thread while the collectors run: that reads no store, and
+    # it fills the pass's waits (journalctl, the NVML library's load, the threads' hand-offs)
+    rules_loaded = asyncio.to_thread(RuleService, store, SystemClock(), list(config.rule_paths))
+    _, rules = await asyncio.gather(runtime.collect_once(), rules_loaded)
     rules.tick()
     out = []
     for f in rules.active():

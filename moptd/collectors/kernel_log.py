@@ -127,9 +127,13 @@ class KernelLogCollector(Collector):
             self._unavailable = f"cannot read {where}: {reason}"
             raise Unavailable(self._unavailable) from None
         await self._refresh_gpus()
-        # The Xid catalog is YAML, parsed on first use: here, off the loop, rather than in
-        # the reader callback when the first Xid arrives (about 100 ms on the loop).
-        await self.blocking(xid_catalog)
+        if self.ctx.positions is not None:
+            # The Xid catalog is YAML, parsed on first use: here, off the loop, rather than
+            # in the reader callback when the first Xid arrives (about 100 ms on the loop).
+            # Not in a one-shot pass (`explain`/`status --offline`, doctor): it reads the
+            # boot in collect() and parses the catalog there if an Xid is in it; a ring
+            # without one never needs it (20-35 ms of the call, BENCHMARKS.md)
+            await self.blocking(xid_catalog)
         self.follower = follower
         # At once, before any record: a restart a moment from now resumes in this boot.
         await self._save_position()

@@ -283,17 +283,19 @@ class NvmlCollector(Collector):
     def make_backend(self) -> GpuBackend:
         # imported here: reading the configuration imports this module for its options,
         # and `moptd explain` must not load pynvml for that (BENCHMARKS.md, issue 31)
-        from moptd.gpu.backend import NvmlBackend
-        from moptd.gpu.recorded import RecordedBackend
-
         kind = self.option("backend")
         if kind == "recorded":
+            # and the recorded backend (nvidia-smi's XML parser with it) only for a recording
+            from moptd.gpu.recorded import RecordedBackend
+
             path = self.option("recording")
             if not path:
                 raise ValueError("collectors.nvml.recording must name a file for backend recorded")
             return RecordedBackend.from_file(Path(path), int(self.option("replicate")))
         if kind != "live":
             raise ValueError(f"collectors.nvml.backend: {kind!r} is not live or recorded")
+        from moptd.gpu.backend import NvmlBackend
+
         return NvmlBackend()
 
     def _driver_present(self) -> bool:

@@ -1127,7 +1127,23 @@ class _State:
     nodes: int = 0  # after macro expansion so far
     depth: int = 0  # likewise, the root being 1
     reads: set[str] = field(default_factory=set)  # windowed reads, macros expanded
+    _encoded: bytes | None = None  # src as UTF-8, for segment()
 
     def label(self, node: ast.AST) -> str:
-        seg = ast.get_source_segment(self.src, node) or ast.unparse(node)
+        seg = self.segment(node) or ast.unparse(node)
         return _DUR_NAME.sub(lambda m: self.durations[int(m.group(1))][0], seg)
+
+    def segment(self, node: ast.AST) -> str | None:
+        """ast.get_source_segment(self.src, node). That one splits the whole text into
+        lines, a character at a time, on every call: a sixth of loading the shipped rules
+        (the labels of 660 nodes). A text of one line is its own only line, so the node's
+        columns (UTF-8 offsets) index its bytes directly; any other text goes the slow way."""
+        if "\n" in self.src or "\r" in self.src:
+            return ast.get_source_segment(self.src, node)
+        start = getattr(node, "col_offset", None)
+        end = getattr(node, "end_col_offset", None)
+        if start is None or end is None or getattr(node, "end_lineno", None) is None:
+            return None
+        if self._encoded is None:
+            self._encoded = self.src.encode()
+        return self._encoded[start:end].decode()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from functools import cache
 from typing import Any
 
 from moptd.catalog.emitters import BENIGN as _BENIGN_CODE
@@ -50,7 +51,12 @@ _FAILED = re.compile(
 KERNEL_CATALOGS = ("nvidia-kernel", "linux-kernel")
 
 
+@cache
 def _catalogued(code: str) -> tuple[Message, ...]:
+    """The messages of the kernel catalogs with ``code``, read (YAML) when first asked: a
+    host whose ring holds no GPU emitter's unmatched record never needs them, and `moptd
+    explain --offline` imports this module for its kernel pass (BENCHMARKS.md, "issue 31:
+    explain --offline on the merged tree")."""
     out: list[Message] = []
     for e in KERNEL_CATALOGS:
         em = emitter(e)
@@ -60,9 +66,16 @@ def _catalogued(code: str) -> tuple[Message, ...]:
     return tuple(out)
 
 
-# Harmless lines that read like failures, and errors moptd knows it cannot classify.
-BENIGN = _catalogued(_BENIGN_CODE)
-KNOWN_UNCLASSIFIED = _catalogued("UNCLASSIFIED_ERROR")
+def __getattr__(name: str) -> tuple[Message, ...]:
+    # Harmless lines that read like failures (BENIGN), and errors moptd knows it cannot
+    # classify (KNOWN_UNCLASSIFIED), as module attributes, read on first use
+    if name == "BENIGN":
+        return _catalogued(_BENIGN_CODE)
+    if name == "KNOWN_UNCLASSIFIED":
+        return _catalogued("UNCLASSIFIED_ERROR")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 MAX_DISTINCT = 8  # distinct messages kept per emitter and subject
 MAX_KEYS = 64
 MAX_QUOTE = 200
@@ -77,9 +90,9 @@ def emitter_of(text: str) -> str | None:
 
 
 def is_error(level: int | None, text: str, emitter: str) -> bool:
-    if any(m.found_in(text) for m in BENIGN):
+    if any(m.found_in(text) for m in _catalogued(_BENIGN_CODE)):
         return False
-    if any(m.found_in(text) for m in KNOWN_UNCLASSIFIED):
+    if any(m.found_in(text) for m in _catalogued("UNCLASSIFIED_ERROR")):
         return True
     if level is not None and level <= 3 and emitter not in ("nvrm",):
         return True
