@@ -178,9 +178,10 @@ def test_the_kernel_catalogs_are_read_when_an_unmatched_record_first_asks() -> N
     on first use, not at import; its BENIGN and KNOWN_UNCLASSIFIED are still there."""
     probe = (
         "import moptd.kernel.unclassified as u, moptd.catalog.emitters as e\n"
-        "assert e.catalogs.cache_info().currsize == 0, 'read at import'\n"
+        "read = lambda: e.catalogs.cache_info().currsize + e.emitter.cache_info().currsize\n"
+        "assert read() == 0, 'read at import'\n"
         "assert not u.is_error(None, 'NVRM: loading NVIDIA UNIX x86_64 Kernel Module', 'nvrm')\n"
-        "assert e.catalogs.cache_info().currsize == 1\n"
+        "assert read() > 0\n"
         "from moptd.kernel.unclassified import BENIGN, KNOWN_UNCLASSIFIED\n"
         "assert BENIGN and KNOWN_UNCLASSIFIED\n"
     )
