@@ -79,18 +79,16 @@ from benchenv import add_ports_arg, bench_pci, use_ports  # noqa: E402
 
 from tests import daemon_proc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
+from tests.faults.hostile_inputs import (  # noqa: E402
+    ESCAPED,
+    HOSTILE,
+    pax_tar,
+    raw_controls,
+    write_huge_extended,
+    xid79_line,
+)
 
 FIXTURES = REPO / "tests" / "fixtures"
-XID79_LINE = (FIXTURES / "kmsg-restart" / "xid79.txt").read_text().strip()  # leptonai/gpud's
-HOSTILE = (
-    "\x1b[2J\x1b[H"  # clear the screen, cursor home
-    "\x1b]52;c;bW9wdGQgcHduZWQ=\x07"  # OSC 52: write the clipboard
-    "\u202eDELIAF\u202c"  # right-to-left override
-    "\x9b32mALL GPUS HEALTHY\x1b[0m"  # a C1 CSI: green
-)
-# what no terminal output may hold: C0 but tab and newline, DEL, C1, bidi controls
-UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-ESCAPED = ("\\x1b[2J", "\\x1b]52;c;", "\\x07", "\\u202e", "\\x9b32m")
 STALL = "SCHEDULER_STALL"
 SUSPENDED = "REMEDIATION_SUSPENDED"
 
@@ -530,15 +528,11 @@ def _terminal(proc: subprocess.CompletedProcess[bytes]) -> str:
 
 
 def _escaped(out: str) -> dict[str, Any]:
-    return {"raw controls": sorted({f"U+{ord(c):04X}" for c in UNSAFE.findall(out)}),
+    return {"raw controls": raw_controls(out),
             "shown escaped": all(s in out for s in ESCAPED)}
 
 
 CLEAN_TERMINAL = {"raw controls": [], "shown escaped": True}
-
-
-def _xid79(pci: str, tag: str) -> str:
-    return XID79_LINE.replace("PCI:0000:05:00", f"PCI:{pci}") + f" {tag} "
 
 
 def case_4_kmsg(root: Path) -> None:
@@ -551,7 +545,7 @@ def case_4_kmsg(root: Path) -> None:
                                 for n in ("container", "driver", "host", "nvml", "serving")}}}
     d = start(tmp, config)
     tag = f"moptd-rerun-{uuid.uuid4()}"
-    text = _xid79(bench_pci(), tag) + HOSTILE
+    text = xid79_line(bench_pci(), tag) + HOSTILE
     try:
         fd = os.open("/dev/kmsg", os.O_WRONLY)
         try:
@@ -568,7 +562,7 @@ def case_4_kmsg(root: Path) -> None:
         js = json.loads(moptd("explain", "--config", str(d.config_path), "--json").stdout)
         texts = [ev["text"] for f in js["findings"] for ev in f.get("events") or []
                  if tag in str(ev.get("text"))]
-        log_raw = sorted({f"U+{ord(c):04X}" for c in UNSAFE.findall(d.log())})
+        log_raw = raw_controls(d.log())
     finally:
         d.stop()
     check("4-kmsg-escapes",
@@ -583,7 +577,7 @@ def case_4_ticket(root: Path) -> None:
     tmp = root / "c4-ticket"
     tmp.mkdir(parents=True, exist_ok=True)
     tag = f"moptd-rerun-{uuid.uuid4()}"
-    ticket = f"[Sat Dec  5 10:00:00 2026] {_xid79('fe00:fe:00', tag)}{HOSTILE}\n".encode()
+    ticket = f"[Sat Dec  5 10:00:00 2026] {xid79_line('fe00:fe:00', tag)}{HOSTILE}\n".encode()
     pasted = tmp / "ticket.txt"
     pasted.write_bytes(ticket)
     observed = {
@@ -673,32 +667,18 @@ def case_5_record(root: Path) -> None:
 
 # -- case 6 ------------------------------------------------------------------------------
 
-def _tar_header(name: str, size: int, kind: bytes) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.type = kind
-    return info.tobuf(format=tarfile.USTAR_FORMAT)
-
-
-def _pax(record: bytes) -> bytes:
-    raw = _tar_header("@PaxHeader", len(record), tarfile.XHDTYPE) + record
-    return raw + b"\0" * (-len(record) % 512) + b"\0" * 1024
-
-
 def hostile_tarballs(tmp: Path) -> dict[str, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
     made = {}
     digits = tmp / "digits-80001.tar.gz"  # the 243-byte .tar.gz
-    digits.write_bytes(gzip.compress(_pax(b"8" * 80_001 + b" path=x\n"), mtime=0))
+    digits.write_bytes(gzip.compress(pax_tar(b"8" * 80_001 + b" path=x\n"), mtime=0))
     made["6-tar-80001-digits"] = digits
     # another shape: 80,000 digits and no space after them, then a second record
     shape = tmp / "digits-80000-nospace.tar.gz"
-    shape.write_bytes(gzip.compress(_pax(b"9" * 80_000 + b"\n10 path=y\n"), mtime=0))
+    shape.write_bytes(gzip.compress(pax_tar(b"9" * 80_000 + b"\n10 path=y\n"), mtime=0))
     made["6-tar-80000-shape"] = shape
     huge = tmp / "pax-600MB.tar"  # a sparse hole: no disk used
-    with huge.open("wb") as fh:
-        fh.write(_tar_header("@PaxHeader", 600 << 20, tarfile.XHDTYPE))
-        fh.truncate(512 + (600 << 20) + 1024)
+    write_huge_extended(huge, tarfile.XHDTYPE, name="@PaxHeader")
     made["6-tar-600MB-pax"] = huge
     return made
 

@@ -24,27 +24,15 @@ from moptd.bundle import BundleError
 from moptd.bundle.archive import is_tar
 from moptd.bundle.intake import read_bundle
 from moptd.cli.bundle_guard import BundleRefused, check_bundle
+from tests.faults.hostile_inputs import pax_tar, write_huge_extended
 
 REPO = Path(__file__).resolve().parents[2]
 META = b"format: moptd-bundle/v1\ncaptured_at: 2026-01-01T00:00:00Z\n"
 
 
-def _header(name: str, size: int, kind: bytes) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.type = kind
-    return info.tobuf(format=tarfile.USTAR_FORMAT)
-
-
-def _pad(n: int) -> bytes:
-    return b"\0" * (-n % 512)
-
-
 def digits_pax(tmp_path: Path, compress: bool) -> Path:
     """The first member is a pax header whose one record's length has 80,001 digits."""
-    record = b"8" * 80_001 + b" path=x\n"
-    raw = _header("@PaxHeader", len(record), tarfile.XHDTYPE) + record + _pad(len(record))
-    raw += b"\0" * 1024
+    raw = pax_tar(b"8" * 80_001 + b" path=x\n")
     path = tmp_path / ("digits.tar.gz" if compress else "digits.tar")
     path.write_bytes(gzip.compress(raw) if compress else raw)
     return path
@@ -52,12 +40,7 @@ def digits_pax(tmp_path: Path, compress: bool) -> Path:
 
 def huge_extended(tmp_path: Path, kind: bytes) -> Path:
     """A 600 MB extended header (pax or GNU long name) first, its data a sparse hole."""
-    size = 600 << 20
-    path = tmp_path / f"huge-{kind.decode()}.tar"
-    with path.open("wb") as fh:
-        fh.write(_header("@LongHeader", size, kind))
-        fh.truncate(512 + size + 1024)  # no disk used: the hole reads as zeros
-    return path
+    return write_huge_extended(tmp_path / f"huge-{kind.decode()}.tar", kind)
 
 
 CASES = {

@@ -22,19 +22,18 @@ import io
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import tarfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.api_helpers import kmsg_writable, wait_for
 from tests.faults.conftest import api_get, assert_alive
+from tests.faults.hostile_inputs import ESCAPED, HOSTILE, UNSAFE, raw_controls, xid79_line
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,25 +41,12 @@ pytestmark = [
     pytest.mark.skipif(not kmsg_writable(), reason="needs a writable /dev/kmsg (root)"),
 ]
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "kmsg-restart" / "xid79.txt"
-HOSTILE = (
-    "\x1b[2J\x1b[H"  # clear the screen, cursor home
-    "\x1b]52;c;bW9wdGQgcHduZWQ=\x07"  # OSC 52: write the clipboard
-    "\u202eDELIAF\u202c"  # right-to-left override
-    "\x9b32mALL GPUS HEALTHY\x1b[0m"  # a C1 CSI: green
-)
-# what no terminal output may hold: C0 but tab and newline, DEL, C1, bidi controls
-UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 CONFIG = {
     "collectors": {
         "kernel": {"interval": 0.5},
         **{name: {"enabled": False} for name in ("container", "driver", "host", "nvml", "serving")},
     }
 }
-
-
-def _xid79(pci: str, tag: str) -> str:
-    return FIXTURE.read_text().strip().replace("PCI:0000:05:00", f"PCI:{pci}") + f" {tag} "
 
 
 def _moptd(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
@@ -79,9 +65,9 @@ def _moptd(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProces
 
 
 def _assert_escaped(out: str, what: str) -> None:
-    raw = sorted({f"U+{ord(c):04X}" for c in UNSAFE.findall(out)})
+    raw = raw_controls(out)
     assert not raw, f"{what} wrote raw control characters {raw}:\n{out!r}"
-    for shown in ("\\x1b[2J", "\\x1b]52;c;", "\\x07", "\\u202e", "\\x9b32m"):
+    for shown in ESCAPED:
         assert shown in out, f"{what}: {shown} not shown escaped:\n{out}"
 
 
@@ -91,7 +77,7 @@ def hostile_record(daemon_factory):
     d = daemon_factory(CONFIG)
     tag = f"moptd-test-{uuid.uuid4()}"
     pci = f"{random.randint(0x1000, 0xFFFE):04x}:{random.randint(1, 0xFE):02x}:00"
-    text = _xid79(pci, tag) + HOSTILE
+    text = xid79_line(pci, tag) + HOSTILE
     fd = os.open("/dev/kmsg", os.O_WRONLY)
     try:
         os.write(fd, ("<3>" + text + "\n").encode())
@@ -141,7 +127,7 @@ def test_explain_and_status_show_hostile_kernel_bytes_escaped(hostile_record, tm
 def test_pasted_ticket_and_hostile_tarball_show_the_bytes_escaped(tmp_path):
     tag = f"moptd-test-{uuid.uuid4()}"
     # a ticket as pasted: dmesg -T's time prefix, the record, the hostile bytes raw
-    ticket = f"[Sat Dec  5 10:00:00 2026] {_xid79('0000:fe:00', tag)}{HOSTILE}\n"
+    ticket = f"[Sat Dec  5 10:00:00 2026] {xid79_line('0000:fe:00', tag)}{HOSTILE}\n"
     pasted = tmp_path / "ticket.txt"
     pasted.write_bytes(ticket.encode())
     out = _moptd("explain", "--bundle", str(pasted), "--verbose")
