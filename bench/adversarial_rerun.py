@@ -63,7 +63,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import traceback
 import uuid
@@ -75,7 +74,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from benchenv import add_ports_arg, bench_pci, use_ports  # noqa: E402
+from benchenv import add_ports_arg, bench_pci, metrics_endpoint, use_ports  # noqa: E402
 
 from tests import daemon_proc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
@@ -848,22 +847,6 @@ INF_PAGE = (FIXTURES / "vllm-cpu" / "vllm_cpu_metrics_load.txt").read_text() + (
 
 
 def case_8_inf(root: Path) -> None:
-    port = daemon_proc.free_port()
-    page = INF_PAGE.encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = page if self.path == "/metrics" else b"{}"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     # the shipped KV-cache rule, its condition unchanged but its 5m window and `for` as 2s/1s
     # (a +Inf usage is above 0.95 from the first sample: this is where d802d91 fired)
     import yaml
@@ -877,22 +860,22 @@ def case_8_inf(root: Path) -> None:
     rules_d.mkdir(parents=True, exist_ok=True)
     (rules_d / "fast-kv.rules.yaml").write_text(
         yaml.safe_dump({"schema": "moptd.rules/v1", "rules": [rule]}, sort_keys=False))
-    config = {"rules": {"paths": [str(rules), str(rules_d)], "interval": 0.5},
-              "collectors": {
-        "serving": {"interval": "200ms", "endpoints": [
-            {"name": "inf", "url": f"http://127.0.0.1:{port}", "engine": "vllm",
-             "probes": ["health"]}]},
-        **{n: {"enabled": False} for n in ("nvml", "container", "driver", "kernel")}}}
-    d = start(root / "c8-inf", config)
-    try:
-        wait("the page read", lambda: "moptd_serving_requests_waiting" in d.scrape(), d=d)
-        time.sleep(5)  # scrapes and rule ticks, over the scaled window and `for`
-        text = d.scrape()
-        body = api(d, "/v1/findings")
-        codes = {f["code"] for f in [*body["active"], *body.get("pending", [])]}
-    finally:
-        d.stop()
-        server.shutdown()
+    with metrics_endpoint(INF_PAGE.encode()) as url:
+        config = {"rules": {"paths": [str(rules), str(rules_d)], "interval": 0.5},
+                  "collectors": {
+            "serving": {"interval": "200ms", "endpoints": [
+                {"name": "inf", "url": url, "engine": "vllm",
+                 "probes": ["health"]}]},
+            **{n: {"enabled": False} for n in ("nvml", "container", "driver", "kernel")}}}
+        d = start(root / "c8-inf", config)
+        try:
+            wait("the page read", lambda: "moptd_serving_requests_waiting" in d.scrape(), d=d)
+            time.sleep(5)  # scrapes and rule ticks, over the scaled window and `for`
+            text = d.scrape()
+            body = api(d, "/v1/findings")
+            codes = {f["code"] for f in [*body["active"], *body.get("pending", [])]}
+        finally:
+            d.stop()
     samples = [s for s in text.splitlines() if s and not s.startswith("#")]
     check("8-inf",
           {"non-finite serving samples": [], "KV_CACHE_PRESSURE": False},

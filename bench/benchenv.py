@@ -19,10 +19,13 @@ bus ``fe`` in both, so a reader of the host's ring can tell both apart from a re
 from __future__ import annotations
 
 import argparse
+import http.server
 import random
 import socket
 import sys
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 # below Linux's ephemeral range (32768-60999), so no outgoing connection holds one, and
 # clear of moptd's own 9477
@@ -107,3 +110,28 @@ def write_xid79(tag: str = "") -> tuple[str, str]:
     with open("/dev/kmsg", "w") as fh:
         fh.write(line + (f" {tag}" if tag else "") + "\n")
     return kernel, f"{kernel}.0"
+
+
+@contextmanager
+def metrics_endpoint(page: bytes) -> Iterator[str]:
+    """An engine's stand-in on a port of the range: ``page`` on /metrics, ``{}`` elsewhere
+    (its health and model probes); its base URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page if self.path.startswith("/metrics") else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -23,7 +23,6 @@ leak, and bench/store_memory.py measures it.
 from __future__ import annotations
 
 import argparse
-import http.server
 import itertools
 import json
 import os
@@ -31,11 +30,8 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +40,12 @@ sys.path.insert(0, str(REPO))
 # bench/ itself too: tests/test_soak.py loads this file by path, where bench/ is not on
 # sys.path unless another test put it there first
 sys.path.insert(0, str(REPO / "bench"))
-from benchenv import add_ports_arg, bench_pcis, use_ports  # noqa: E402
+from benchenv import add_ports_arg, bench_pcis, metrics_endpoint, use_ports  # noqa: E402
 
 from moptd.cli.client import DaemonUnreachable  # noqa: E402
 from moptd.collectors.daemon_self import read_self  # noqa: E402
 from tests.api_helpers import get as api_get  # noqa: E402
-from tests.daemon_proc import DaemonProcess, free_port  # noqa: E402
+from tests.daemon_proc import DaemonProcess  # noqa: E402
 
 RECORDING = REPO / "tests/fixtures/h200/nvml_recording_h200.jsonl"
 VLLM_PAGE = REPO / "tests/fixtures/vllm-cpu/vllm_cpu_metrics_load.txt"
@@ -60,31 +56,6 @@ INCIDENTS = [(13, "Graphics Engine Exception"), (31, "MMU Fault"), (48, "DBE (Do
 # sharing a kernel log do not see each other
 _PCIS = bench_pcis()
 PCI = [next(_PCIS) for _ in range(3)]
-
-
-@contextmanager
-def vllm_endpoint() -> Iterator[str]:
-    page = VLLM_PAGE.read_bytes()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = page if self.path.startswith("/metrics") else b"{}"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def proc_figures(pid: int) -> dict[str, float]:
@@ -105,7 +76,7 @@ def metric(text: str, name: str) -> float | None:
 
 def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     can_write_kmsg = os.access(KMSG, os.W_OK)
-    with vllm_endpoint() as url:
+    with metrics_endpoint(VLLM_PAGE.read_bytes()) as url:
         extra: dict[str, Any] = {
             "collectors": {
                 "nvml": {"interval": "1s", "backend": "recorded", "recording": str(RECORDING),
