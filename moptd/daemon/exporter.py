@@ -20,12 +20,12 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.utils import floatToGoString
 
 from moptd import __version__
 from moptd.catalog import BUCKET_LABEL, CATALOG, HISTOGRAM_SUM, Catalog, SignalSpec
 from moptd.daemon.software import software_samples
 from moptd.observations import Labels, subject_id, subject_kind
+from moptd.serving.signals import go_float  # prometheus_client's formatting, equal to it
 from moptd.store import SignalStore, Snapshot
 
 # Labels each subject kind contributes, in order; values come from the subject id and
@@ -161,12 +161,6 @@ def _family(
     return GaugeMetricFamily(spec.metric, spec.help, labels=labels)
 
 
-def _go_float(value: float) -> str:
-    # prometheus_client's formatting (1.0, 1.7e+09, +Inf), untyped upstream
-    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
-    return text
-
-
 def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -235,9 +229,9 @@ class TextRenderer:
             at = line_at.get(key)
             if at is None:
                 line_at[key] = len(lines)
-                lines.append(prefix + _go_float(value) + "\n")
+                lines.append(prefix + go_float(value) + "\n")
             else:
-                lines[at] = prefix + _go_float(value) + "\n"
+                lines[at] = prefix + go_float(value) + "\n"
         for metric, by_series in histograms.items():
             spec = self.catalog.by_metric_name(metric)
             for (subj, rest), series in by_series.items():
@@ -277,7 +271,7 @@ class TextRenderer:
                 prefix = self._prefix[key] = self._series_prefix(
                     key[0], [*names, BUCKET_LABEL], dict(subj), labels
                 )
-            lines.append(prefix + _go_float(value) + "\n")
+            lines.append(prefix + go_float(value) + "\n")
         if series.sum is None or _bound(buckets[0][0]) < 0:
             return
         for suffix, value in (("_count", buckets[-1][1]), ("_sum", series.sum)):
@@ -285,7 +279,7 @@ class TextRenderer:
             prefix = self._prefix.get(key)
             if prefix is None:
                 prefix = self._prefix[key] = self._series_prefix(key[0], names, dict(subj), rest)
-            lines.append(prefix + _go_float(value) + "\n")
+            lines.append(prefix + go_float(value) + "\n")
 
     @staticmethod
     def _label_names(spec: SignalSpec) -> list[str]:
