@@ -384,3 +384,24 @@ def test_one_emitters_catalog_is_its_entry_in_the_whole_set() -> None:
         assert one_catalog(eid) == em
     assert one_catalog("tensorrt-llm") is None
     assert one_catalog("no-such-emitter") is None
+
+
+def test_every_string_the_driver_returns_is_catalogued_with_its_names_code() -> None:
+    """cuda.yaml against what libcuda.so.1 itself returned on a GPU host
+    (tests/fixtures/cuda-driver/, tools/cuda_driver_strings.py): every CUresult the
+    catalog names has the name the driver gives it, every string the driver returns is
+    catalogued, and with the code of the name's entry, or the name's entry says which code
+    it is in substance (a name no captured line carries is not read yet; the string is)."""
+    import json
+
+    capture = REPO / "tests" / "fixtures" / "cuda-driver" / "cuda_driver_strings_580.159.04.json"
+    values = json.loads(capture.read_text(encoding="utf-8"))["values"]
+    by_text = {m.text: m for m in catalogs()["cuda"].messages}
+    assert len(values) >= 100
+    for v in values:
+        assert v["name"] in (v["catalog_name"], None), v
+        if v["string"] is None:  # newer than this driver
+            continue
+        assert v["string"] in by_text, f"libcuda's string for {v['catalog_name']} not catalogued"
+        string, name = by_text[v["string"]], by_text[v["catalog_name"]]
+        assert string.code == name.code or f"{string.code} in substance" in name.why, v

@@ -26,7 +26,9 @@ BENIGN = "benign"
 # (the emitter catalog holds the line's shape, the Xid catalog the per-Xid data)
 PER_XID = "per-xid"
 _MATCHES = ("substring", "regex")
-_HOWS = ("fetch", "wheel", "strings", "docs")
+# call: the emitter's own library asked for every value (libcuda's cuGetErrorString, which
+# no registry ships: tools/cuda_driver_strings.py on a GPU host)
+_HOWS = ("fetch", "wheel", "strings", "docs", "call")
 
 
 class CatalogError(ValueError):
