@@ -263,7 +263,12 @@ def incident_block(
     console.print(title, soft_wrap=soft)
     summary = str(f.get("summary") or "")
     if len(inc.group) > 1:
-        summary += f" (and the same on {plural(len(inc.group) - 1, 'more subject')})"
+        more = len(inc.group) - 1
+        if all(_unsubjected(g) == _unsubjected(f) for g in inc.group):
+            summary += f" (and the same on {plural(more, 'more subject')})"
+        else:  # "the same" would hide that another GPU's value or action differs
+            verb = "reads" if more == 1 else "read"
+            summary += f" ({plural(more, 'more subject')} {verb} otherwise: --verbose shows each)"
     _field(console, "", summary, soft, style="bold")
     where = where_line(inc, gpus)
     if where:
@@ -288,6 +293,17 @@ def incident_block(
             _field(console, "runbook:", str(f["runbook_command"]), True, style="dim")
     elif f.get("runbook"):
         _field(console, "runbook:", str(f["runbook"]), True, style="dim")
+
+
+def _unsubjected(f: dict[str, Any]) -> str:
+    """A finding's summary without its own subject (`gpu:0009:01:00.0` and `0009:01:00.0`,
+    `gpu:3`), to tell whether the block's other findings say the same of theirs."""
+    subject = str(f.get("subject") or "")
+    summary = str(f.get("summary") or "")
+    bare = subject.partition(":")[2]
+    summary = summary.replace(subject, "\0") if subject else summary
+    # a PCI address alone is unambiguous; an index ("0" of gpu:0) would hit any digit
+    return summary.replace(bare, "\0") if ":" in bare else summary
 
 
 def _field(
