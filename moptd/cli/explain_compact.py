@@ -142,6 +142,10 @@ def _facility(e: dict[str, Any]) -> bool:
     return isinstance(fields, dict) and fields.get("facility") not in (None, "", "kern")
 
 
+def _known_evidence(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in (f.get("evidence") or {}).items() if v is not None}
+
+
 def evidence_line(f: dict[str, Any], twins: Sequence[dict[str, Any]] = ()) -> str:
     """The deciding events (of the twins too: two lost GPUs, two Xid 79 lines) and the
     evidence values that are known (of `f`)."""
@@ -165,9 +169,13 @@ def evidence_line(f: dict[str, Any], twins: Sequence[dict[str, Any]] = ()) -> st
         if forged:
             # /dev/kmsg takes writes from root in user space; the kernel's own are "kern"
             parts.append(f"written from user space (facility {', '.join(forged)}), not the kernel")
-    known = {k: v for k, v in (f.get("evidence") or {}).items() if v is not None}
+    known = _known_evidence(f)
     if known:
-        parts.append(", ".join(f"{k} = {fmt(v)}" for k, v in known.items()))
+        values = ", ".join(f"{k} = {fmt(v)}" for k, v in known.items())
+        if any(_known_evidence(g) != known for g in twins):
+            # the line quoted may be another subject's: say whose values these are
+            values = f"of {f.get('subject')}: {values}"
+        parts.append(values)
     return "; ".join(parts)
 
 
