@@ -28,6 +28,7 @@ from moptd.kernel.logparse import parse_kernel_log
 from moptd.observations import Batch, Event
 from moptd.serving.signals import fill_engine_gpus
 from moptd.store import SignalStore
+from tests.conftest import year_free
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "tests" / "fixtures" / "incidents" / "xid79-gpu-then-vllm-shm-stall"
@@ -79,7 +80,7 @@ def test_replay_json_links_the_stall_to_the_lost_gpu():
 def test_explain_shows_one_incident_with_the_cause_first_golden():
     out = moptd("explain", "--bundle", str(BUNDLE.relative_to(REPO)))
     assert out.returncode == 0, out.stderr
-    text = out.stdout
+    text = year_free(out.stdout)
     path = GOLDEN / "explain_cross_layer.txt"
     if os.environ.get("MOPTD_UPDATE_GOLDEN"):
         path.write_text(text)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, year_free
 
 DRILL = REPO / "tests/fixtures/kernel-drill"
 GOLDEN = REPO / "tests/golden/drill"
@@ -39,8 +40,32 @@ def test_the_drill_case_reads_as_its_golden(case: str) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr.decode()
-    text = out.stdout.decode()
+    text = year_free(out.stdout.decode())
     path = GOLDEN / f"{case}.txt"
     if os.environ.get("MOPTD_UPDATE_GOLDEN"):
         path.write_text(text, encoding="utf-8")
     assert text == path.read_text(encoding="utf-8")
+
+
+def _explain_paste(data: bytes) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "moptd", "explain", "--bundle", "-"],
+        input=data, capture_output=True, cwd=REPO, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    return out.stdout.decode()
+
+
+def test_a_year_moptd_gave_year_less_lines_is_said() -> None:
+    """A syslog kernel line and a vLLM line carry no year: a paste of either is dated this
+    year, and the header says so (a ticket from last year would otherwise read as this
+    year's); `dmesg -T` lines, whose stamps hold their year, say nothing of the kind."""
+    this_year = datetime.now(UTC).year
+    kernel = _explain_paste((DRILL / "xid48.log").read_bytes())
+    assert f"No year in the kernel log's lines: their dates are read as {this_year}" in kernel
+    vllm_line = (REPO / "tests/fixtures/emitter-lines/cuda-errors.txt").read_bytes()
+    vllm = _explain_paste(vllm_line.splitlines(keepends=True)[0])
+    assert f"No year in serving:vllm's log lines: their dates are read as {this_year}" in vllm
+    dated = REPO / "tests/fixtures/kernel-color/dmesg-T-color.txt"
+    assert "No year in" not in _explain_paste(dated.read_bytes())

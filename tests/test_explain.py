@@ -19,7 +19,7 @@ from rich.console import Console
 from moptd.cli.cmd_explain import add_related, enrich
 from moptd.cli.render_explain import print_explain
 from moptd.findings.matching import matches
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES, REPO, year_free
 
 GOLDEN = Path(__file__).parent / "golden"
 GSP_BUNDLE = FIXTURES / "scenarios" / "gsp-xid119-h100-xe9680"
@@ -27,6 +27,7 @@ ENV = {**os.environ, "COLUMNS": "100", "TZ": "UTC"}
 
 
 def check_golden(name: str, text: str) -> None:
+    text = year_free(text)
     path = GOLDEN / name
     if os.environ.get("MOPTD_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)

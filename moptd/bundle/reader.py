@@ -23,7 +23,7 @@ import heapq
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from moptd.batchpack import PACK_FROM, PackedBatch, pack, unpack
@@ -260,6 +260,18 @@ def _read_serving(root: Path, tl: Timeline, start: float | None) -> None:
         tl.observations.extend((t, f"serving:{d.name}", b) for t, b in replay.observations)
         tl.events.extend(replay.events)
         tl.missing.extend(f"serving/{d.name}/{m}" for m in replay.missing)
+        if replay.assumed_year is not None:
+            tl.notes.append(year_note(f"serving:{d.name}'s log lines", replay.assumed_year))
+
+
+# kernel-log formats whose stamps carry no year (syslog / journalctl short, dmesg -H)
+_YEARLESS = frozenset({"syslog", "dmesg-H"})
+
+
+def year_note(what: str, year: int) -> str:
+    """Said above the findings: a date moptd completed with this year is a guess (a ticket
+    pasted from last year would otherwise read as this year's, with nothing to say so)."""
+    return f"No year in {what}: their dates are read as {year}, this year."
 
 
 def _read_kernel(
@@ -289,6 +301,11 @@ def _read_kernel(
         held = {"records": len(got), "first": min(times, default=None)}
         held["last"] = max(times, default=None)
         tl.read.append({"input": rel, "kind": "kernel-log", "used": True, "as": rel, "held": held})
+        if year is None and any(r.t is not None and r.fmt in _YEARLESS for r in got):
+            # parse_kernel_log's default year; said once for several kernel logs
+            note = year_note("the kernel log's lines", datetime.now(UTC).year)
+            if note not in tl.notes:
+                tl.notes.append(note)
         records.extend(got)
     dated = any(not _untimed(e.t) for e in tl.events)
     if boot_time is None and first is None and start is None and not dated:

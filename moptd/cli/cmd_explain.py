@@ -356,6 +356,7 @@ def replay_view(inputs: list[str], tl: Any, report: Any, bad: bool) -> dict[str,
         notes.append("Nothing could be read: no findings below says nothing about health.")
     if report.untimed:
         notes.append(report.time_note())
+    notes += report.notes
     if report.missing_evidence:
         notes.append(
             "Missing from the bundle (evidence unknown): " + ", ".join(report.missing_evidence)

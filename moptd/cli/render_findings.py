@@ -75,6 +75,8 @@ def render_replay(
     )
     if report.untimed:
         out.print(report.time_note())
+    for note in report.notes:
+        out.print(note, soft_wrap=True)
     if not report.findings and not used:
         # never a green all-clear over nothing
         out.print(Text("No findings: nothing could be read.", style="bold yellow"))

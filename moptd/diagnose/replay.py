@@ -40,6 +40,7 @@ class ReplayReport:
     read: list[dict[str, object]] = field(default_factory=list)
     untimed: bool = False  # no wall-clock time in the evidence (Timeline.untimed)
     relative_to: str = ""  # what the findings' "relative" times count from, if anything
+    notes: list[str] = field(default_factory=list)  # what a person must know of the times
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -219,6 +220,7 @@ def replay_timeline(
         untimed=tl.untimed,
         relative_to=tl.relative_to,
         read=tl.read,
+        notes=list(tl.notes),
     )
 
 

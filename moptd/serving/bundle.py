@@ -62,6 +62,9 @@ class ServingReplay:
     observations: list[tuple[float, Batch]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # files of FILES not in the bundle
+    # the year given to the log's year-less stamps where nothing in the bundle said it
+    # (no scrape, no capture time, no dated line): this year, which the reader must be told
+    assumed_year: int | None = None
 
 
 def read_serving_dir(
@@ -146,6 +149,7 @@ def _read_log(
     lines = _text(f).splitlines()
     # a line later than the capture by more than a day is from the year before
     rollover = year is None and first is None and captured_at is not None
+    guessed = False
     if year is None:
         if first is not None:
             year = datetime.fromtimestamp(first, UTC).year
@@ -153,6 +157,7 @@ def _read_log(
             year = datetime.fromtimestamp(captured_at, UTC).year
         else:  # the year the log's own dated lines give (TensorRT's beside vLLM's), else now
             dated = next((d for d in map(full_date, lines) if d is not None), None)
+            guessed = dated is None
             year = datetime.fromtimestamp(dated if dated is not None else time.time(), UTC).year
     t = first if first is not None else 0.0
     for line in lines:
@@ -163,6 +168,8 @@ def _read_log(
             t = dated
         elif stamp is not None:
             mo, d, h, mi, s = (int(x) for x in stamp.groups())
+            if guessed:
+                out.assumed_year = year
             try:
                 t = datetime(year, mo, d, h, mi, s, tzinfo=UTC).timestamp()
                 if rollover and captured_at is not None and t > captured_at + 86400:
