@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from moptd.bundle.intake import read_inputs
@@ -126,11 +126,12 @@ def test_parser_never_raises_and_caps(text: str, emitter: str | None) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(st.text(alphabet="nvidia-contaerl: \\\"'.unknow", max_size=400))
+@example("unknown")  # "mount error: unknown": runc's ": unknown" is wrapping (CI found it)
 def test_container_cli_regex_stays_linear(tail: str) -> None:
     line = "x nvidia-container-cli: mount error: " + tail
     rec = parse_line(line)
     assert rec is not None
-    assert rec.message.startswith("mount error:")
+    assert rec.message.startswith("mount error")
 
 
 @pytest.mark.parametrize("tail", ["\\", "\\n", " ", '"', ": unknown"])
