@@ -11,36 +11,23 @@
 #   L8 ~= R8 + 8 x (L1 - R1).
 # Each runs twice: at the default cadences and at nvml.profile_interval=30,
 # nvml.slow_interval=10 (suffix _c30), the cheaper cadence BENCHMARKS.md prices.
-# Six daemons at once on a 16-core host: each has its own port range (see
-# gpu_host_overhead.sh). Results (JSON and logs) go to $OUT (or ./.out).
+# Six daemons at once on a 16-core host, each with its own port range (steady() in
+# gpu_host_env.sh). Results (JSON and logs) go to $OUT (or ./.out).
 # Usage (repo root, GPU host): bash bench/gpu_daemon_extrapolate.sh [SECONDS]
 set -u
 SECONDS_EACH=${1:-180}
-OUT=${OUT:-.out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-SITE=/tmp/moptd-site
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl
-fi
-export PYTHONUNBUFFERED=1
+WARMUP=15
+source bench/gpu_host_env.sh  # $OUT, $SITE, the wheels, steady()
 REC=tests/fixtures/h200/nvml_recording_h200.jsonl
 C30=(--option nvml.profile_interval=30 --option nvml.slow_interval=10)
 { nvidia-smi --query-gpu=name,driver_version,pstate --format=csv; nproc; uptime; python3 -V
   git rev-parse HEAD 2>/dev/null; } >"$OUT/env.txt" 2>&1
-one() {  # name, port range, daemon_steady options...
-    local name=$1 ports=$2; shift 2
-    PYTHONPATH=$PWD:$SITE timeout $((SECONDS_EACH + 90)) python3 bench/daemon_steady.py \
-        --seconds "$SECONDS_EACH" --warmup 15 --scrape-every 15 --ports "$ports" "$@" \
-        --out "$OUT/$name.json" >"$OUT/$name.txt" 2>&1
-}
-one live1 29400-29409 &
-one live1_c30 29410-29419 "${C30[@]}" &
-one rec1 29420-29429 --recording "$REC" --gpus 1 &
-one rec8 29430-29439 --recording "$REC" --gpus 8 &
-one rec1_c30 29440-29449 --recording "$REC" --gpus 1 "${C30[@]}" &
-one rec8_c30 29450-29459 --recording "$REC" --gpus 8 "${C30[@]}" &
+steady "$PWD" live1 29400-29409 &
+steady "$PWD" live1_c30 29410-29419 "${C30[@]}" &
+steady "$PWD" rec1 29420-29429 --recording "$REC" --gpus 1 &
+steady "$PWD" rec8 29430-29439 --recording "$REC" --gpus 8 &
+steady "$PWD" rec1_c30 29440-29449 --recording "$REC" --gpus 1 "${C30[@]}" &
+steady "$PWD" rec8_c30 29450-29459 --recording "$REC" --gpus 8 "${C30[@]}" &
 wait
 uptime >>"$OUT/env.txt"
 python3 - "$OUT" <<'EOF'

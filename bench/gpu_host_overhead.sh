@@ -13,15 +13,7 @@
 set -u
 OTHER=$(cd "$1" && pwd)
 SECONDS_EACH=${2:-80}
-OUT=${OUT:-.out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-SITE=/tmp/moptd-site
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl
-fi
-export PYTHONUNBUFFERED=1
+source bench/gpu_host_env.sh  # $OUT, $SITE, the wheels, steady()
 log() { echo "== $(date +%T) $*"; }
 { nvidia-smi --query-gpu=name,driver_version,pstate,persistence_mode --format=csv; nproc;
   uptime; python3 -V; } >"$OUT/env.txt" 2>&1
@@ -52,12 +44,6 @@ print(json.dumps({k: statistics.median(v) * 1e6 for k, v in r.items()}))
 ' >"$OUT/bare_amortised.json" 2>&1
 cat "$OUT/bare_amortised.json"
 log "daemons, both trees at once, ${SECONDS_EACH} s"
-steady() {  # tree, output name, port range (each its own: both start at once and would
-    # otherwise both take the range's lowest free port, and one daemon fail to bind)
-    (cd "$1" && PYTHONPATH=$1:$SITE timeout $((SECONDS_EACH + 60)) python3 bench/daemon_steady.py \
-        --seconds "$SECONDS_EACH" --warmup 10 --scrape-every 15 --ports "$3" --out "$OUT/$2.json" \
-        >"$OUT/$2.txt" 2>&1)
-}
 steady "$OTHER" steady_other 29400-29449 & steady "$PWD" steady_this 29450-29499 & wait
 grep -h '"cpu_percent\|scrape_ms_p99\|rss_mb_max' "$OUT/steady_other.json" "$OUT/steady_this.json"
 if [ "${TESTS:-1}" != 0 ]; then

@@ -5,19 +5,13 @@
 # the steady-state cost of the daemon. Results go to $OUT (or ./.out) as one tarball.
 # Usage (from the repo root, on the GPU host): bash bench/gpu_host_run.sh
 set -uo pipefail
-OUT=${OUT:-.out}
+# $OUT, and the wheels of .whl/ (gpustat, nvitop, pytest-asyncio and their dependencies)
+# unpacked into $SITE
+source bench/gpu_host_env.sh
 mkdir -p "$OUT/r"
 R=$OUT/r
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}:$SITE
 log() { echo "== $(date +%T) $*"; }
-
-# The GPU host reaches no package index: wheels brought along in .whl/ (gpustat, nvitop,
-# pytest-asyncio and their dependencies) are unpacked into a private site directory.
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/moptd-site .whl/*.whl
-    export PYTHONPATH=$PYTHONPATH:/tmp/moptd-site
-fi
 
 log "environment"
 { nvidia-smi -L; nvidia-smi --query-gpu=driver_version,pstate,clocks_event_reasons.active --format=csv;
