@@ -5,6 +5,7 @@ record whose rule raises that code, a benign one is never quoted as unclassified
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -392,8 +393,6 @@ def test_every_string_the_driver_returns_is_catalogued_with_its_names_code() -> 
     catalog names has the name the driver gives it, every string the driver returns is
     catalogued, and with the code of the name's entry, or the name's entry says which code
     it is in substance (a name no captured line carries is not read yet; the string is)."""
-    import json
-
     capture = REPO / "tests" / "fixtures" / "cuda-driver" / "cuda_driver_strings_580.159.04.json"
     values = json.loads(capture.read_text(encoding="utf-8"))["values"]
     by_text = {m.text: m for m in catalogs()["cuda"].messages}

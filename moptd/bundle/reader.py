@@ -261,14 +261,14 @@ def _read_serving(root: Path, tl: Timeline, start: float | None) -> None:
         tl.events.extend(replay.events)
         tl.missing.extend(f"serving/{d.name}/{m}" for m in replay.missing)
         if replay.assumed_year is not None:
-            tl.notes.append(year_note(f"serving:{d.name}'s log lines", replay.assumed_year))
+            tl.notes.append(_year_note(f"serving:{d.name}'s log lines", replay.assumed_year))
 
 
 # kernel-log formats whose stamps carry no year (syslog / journalctl short, dmesg -H)
 _YEARLESS = frozenset({"syslog", "dmesg-H"})
 
 
-def year_note(what: str, year: int) -> str:
+def _year_note(what: str, year: int) -> str:
     """Said above the findings: a date moptd completed with this year is a guess (a ticket
     pasted from last year would otherwise read as this year's, with nothing to say so)."""
     return f"No year in {what}: their dates are read as {year}, this year."
@@ -303,7 +303,7 @@ def _read_kernel(
         tl.read.append({"input": rel, "kind": "kernel-log", "used": True, "as": rel, "held": held})
         if year is None and any(r.t is not None and r.fmt in _YEARLESS for r in got):
             # parse_kernel_log's default year; said once for several kernel logs
-            note = year_note("the kernel log's lines", datetime.now(UTC).year)
+            note = _year_note("the kernel log's lines", datetime.now(UTC).year)
             if note not in tl.notes:
                 tl.notes.append(note)
         records.extend(got)
