@@ -234,12 +234,15 @@ class Supervisor:
             preexec_fn=orphan.die_with_parent(),  # no server outlives a SIGKILLed moptd
             **kwargs,
         )
+        # pid and start time together, before any await: a remedy asked for in between
+        # would find the engine running with no start time and be refused for good
+        # ("start time is unknown" has no retry)
         self.pid = self._proc.pid
+        self.started_at = time.time()
         if self._record_dir is not None:
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, orphan.write_record, self._record_dir, self.pid
             )
-        self.started_at = time.time()
         self.log_state = LogState()
         self.state = "running"
         self.reason = ""
