@@ -14,4 +14,6 @@ fi
 # The floor plan (docs/architecture.md, [tool.importlinter] in pyproject.toml); its report
 # is printed only when a contract is broken.
 "$VENV/bin/lint-imports" --no-cache >/dev/null || "$VENV/bin/lint-imports" --no-cache
-exec "$VENV/bin/pytest" "$@"
+# Two lanes (tests/conftest.py, SIDE_LANE): the real-vLLM tests beside the rest; -n 0 after
+# this runs everything in one process.
+exec "$VENV/bin/pytest" -n 2 "$@"

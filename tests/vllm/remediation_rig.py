@@ -97,7 +97,29 @@ class RemediationRig:
         if r is None:
             return "not evaluated"
         steps = [(s.node, s.value, s.seen) for s in r.steps]
-        return f"{r.status} {r.path} {steps}"
+        return f"{r.status} {r.path} {steps}; {self.stall_inputs()}"
+
+    def stall_inputs(self) -> str:
+        """What the stall rule reads, as the store holds it now: which of its conditions
+        held, when a run of tests fails to see the stall."""
+        now = time.time()
+        parts = [
+            f"{name}={self.h.last(name)}"
+            for name in (
+                "serving.up",
+                "serving.engine_metrics_present",
+                "serving.requests_running",
+                "serving.requests_waiting",
+                "serving.engine_steps",
+            )
+        ]
+        steps = self.h.store.series("serving.engine_steps", SUBJECT)
+        if steps is not None:
+            parts.append(
+                f"engine_steps seen {now - steps.last_seen:.1f}s ago, "
+                f"unbroken for {now - steps.observed_since:.1f}s"
+            )
+        return ", ".join(parts)
 
     def firing(self, code: str) -> bool:
         return any(f.code == code and f.subject == SUBJECT for f in self.diagnosis.rules.active())
@@ -115,10 +137,6 @@ class RemediationRig:
 
     async def ready(self) -> None:
         await self.until("ready", self.serving, READY_S)
-        pgid = self.h.supervisor.pid
-        assert pgid is not None
-        # on a 2-core box the server's busy loops would starve this process's event loop
-        os.setpriority(os.PRIO_PGRP, pgid, 10)
 
     def running_since(self, t: float) -> bool:
         """A scrape taken at or after `t` saw requests running (a value read before the

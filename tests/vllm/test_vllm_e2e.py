@@ -87,9 +87,6 @@ async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> N
         assert sup.log_state.version == "0.32.0"
         pgid = sup.pid
         assert pgid is not None
-        # On a 2-core box the server's busy loops would starve this test's event loop (and
-        # the collector in it); in production moptd has cores of its own.
-        os.setpriority(os.PRIO_PGRP, pgid, 10)
 
         # --- load: requests queue (max-num-seqs 8) and the 40-block KV cache fills ---
         seen = {"waiting": 0.0, "kv": 0.0, "capacity": 0.0}
