@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -108,3 +109,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return "side" if nodeid.startswith(SIDE_LANE) else "main"
 
     return TwoLanes(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test's node id is its own. The lanes' scheduler (above) files tests by node id,
+    so two tests with one id would run once: schemathesis 4 names its 14 API operations
+    `test_api_conforms_to_its_openapi_document[GET /v1/health]` and so on, but sets their
+    ids through `Node._nodeid`, which pytest 9 no longer reads, so all 14 had the bare
+    function's id and a two-lane run tested one operation of 14. Such an item takes its
+    own name as its id; an id still shared stops the run."""
+    counts = Counter(item.nodeid for item in items)
+    for item in items:
+        if counts[item.nodeid] > 1 and item.parent is not None:
+            item._id = item.parent.id.child(item.name)  # pytest 9: the id behind .nodeid
+    shared = [nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1]
+    if shared:
+        raise pytest.UsageError(f"tests sharing a node id would run once each: {shared[:5]}")
