@@ -78,3 +78,25 @@ def test_prose_around_the_log_of_a_whole_ticket_is_skipped() -> None:
     read = report["read"]
     assert isinstance(read, list)
     assert any(e.get("kind") == "sglang-log" and e.get("used") for e in read), read
+
+
+def test_explain_quotes_an_unclassified_message_once_beside_its_line() -> None:
+    """The summary quotes the messages and the evidence quotes the line; the evidence values
+    do not say the messages a third time (--verbose lists every value)."""
+    def explain(*extra: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "moptd", "explain", "--bundle", str(TRTLLM_260), *extra],
+            capture_output=True,
+            timeout=120,
+            env={**ENV, "NO_COLOR": "1"},
+            cwd=REPO,
+            check=False,
+        )
+        return proc.stdout.decode()
+
+    compact = explain()
+    assert compact.count("Failed to create instance") == 2, compact
+    evidence = next(x for x in compact.splitlines() if x.lstrip().startswith("evidence:"))
+    assert "messages =" not in evidence
+    assert "emitter = triton, file = backend_model.cc" in evidence
+    assert "messages" in explain("--verbose")

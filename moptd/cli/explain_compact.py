@@ -26,6 +26,7 @@ SEVERITY_STYLE = {
 }
 MAX_WHO = 3
 MAX_LINE_TEXT = 200  # a kernel or log line in the compact view; --verbose has it whole
+QUOTED_ALREADY = 40  # an evidence text this long that the summary quotes is not repeated
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
@@ -170,8 +171,16 @@ def evidence_line(f: dict[str, Any], twins: Sequence[dict[str, Any]] = ()) -> st
             # /dev/kmsg takes writes from root in user space; the kernel's own are "kern"
             parts.append(f"written from user space (facility {', '.join(forged)}), not the kernel")
     known = _known_evidence(f)
-    if known:
-        values = ", ".join(f"{k} = {fmt(v)}" for k, v in known.items())
+    # A long text the summary line above already quotes (an unclassified error's messages)
+    # is not said a third time; --verbose lists every value.
+    summary = str(f.get("summary") or "")
+    shown = {
+        k: v
+        for k, v in known.items()
+        if not (isinstance(v, str) and len(v) >= QUOTED_ALREADY and v in summary)
+    }
+    if shown:
+        values = ", ".join(f"{k} = {fmt(v)}" for k, v in shown.items())
         if any(_known_evidence(g) != known for g in twins):
             # the line quoted may be another subject's: say whose values these are
             values = f"of {f.get('subject')}: {values}"
