@@ -101,6 +101,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     settings.load_profile("two-lanes")
 
 
+# optional: without pytest-xdist (a GPU host's bare python3, `-p no:xdist`) the suite runs
+# in one process instead of failing on a hook nobody declared
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
