@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moptd.cli import client
@@ -432,6 +432,10 @@ CHECKS = [
 
 
 @schema.exclude(path="/v1/events").parametrize()
+# What is checked is each answer's status, type and schema, not its speed: one request held up
+# for 6.8 s behind a vLLM starting on the other lane failed a CI run on Hypothesis's deadline
+# (1 s under xdist). Latency has its own benches and tests.
+@settings(deadline=None)
 def test_api_conforms_to_its_openapi_document(case, tcp_daemon):
     _, base = tcp_daemon
     headers = {"Authorization": f"Bearer {TCP_TOKEN}"}
