@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from moptd.bundle import read_bundle
 from moptd.bundle.errors import BundleError
 from moptd.collector import CollectorContext
+from moptd.collectors import host
 from moptd.collectors.host import HostCollector
 from moptd.diagnose.loader import default_rules_dir, load_rules
 from moptd.diagnose.replay import replay_timeline
@@ -179,6 +180,36 @@ def test_the_guest_directories_are_listed_once_a_minute(tmp_path: Path) -> None:
     assert first["node.wsl_guest_driver_libs"] == 0.0
     assert cached["node.wsl_guest_driver_libs"] == 0.0
     assert fresh["node.wsl_guest_driver_libs"] == 2.0
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_the_kernel_is_read_again_once_a_minute_live_and_every_run_in_a_replay(
+    tmp_path: Path, recorded: bool
+) -> None:
+    proc = _root(tmp_path, "uname-a-wsl1-17763.txt")
+    c = HostCollector(CollectorContext(procfs=proc, state_dir=tmp_path, recorded=recorded))
+
+    def seen() -> tuple[str, float]:
+        samples = c.read().samples
+        kernel = [s for s in samples if s.signal == "node.kernel_release"]
+        (release,) = (dict(s.labels)["release"] for s in kernel)
+        (wsl2,) = (s.value for s in samples if s.signal == "node.wsl2")
+        return release, wsl2
+
+    try:
+        first = seen()
+        # the host booted the WSL2 kernel (the same files a bundle's next step would hold)
+        release = wsl.release_of(text("uname-a-wsl2-5.10.43.3.txt"))
+        (proc / "sys/kernel/osrelease").write_text(release + "\n")
+        next_run = seen()
+        assert c._facts is not None
+        c._facts = c._facts._replace(read_at=time.monotonic() - host.FACTS_INTERVAL)
+        a_minute_on = seen()
+    finally:
+        c.close()
+    assert first == ("4.4.0-17763-Microsoft", 0.0)
+    assert a_minute_on == ("5.10.43.3-microsoft-standard-WSL2", 1.0)
+    assert next_run == (a_minute_on if recorded else first)
 
 
 @pytest.mark.parametrize("name", ["nvidia-smi-wsl-510.06.txt", "nvidia-smi-wsl-555.99.txt"])

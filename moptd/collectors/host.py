@@ -11,9 +11,9 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
-from moptd.collector import Collector, CollectorContext, Option, in_root
+from moptd.collector import Collector, CollectorContext, Option, Source, in_root
 from moptd.host_source import source_of
 from moptd.observations import NODE, Batch, labels_of
 from moptd.proc import procfs, wsl
@@ -24,6 +24,20 @@ MAX_RELEASE = 128  # uname's release field is at most 64 characters (struct utsn
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "SwapTotal", "SwapFree"})
 _VMSTAT_KEYS = frozenset({"pswpin", "pswpout"})
+# Live, the facts that change rarely or never while the host runs (the CPU count, the kernel
+# release, whether it is WSL2, vm.swappiness) are re-read once a minute, not every run: with
+# 8 GPUs at 1 s they were a sixth of the host collector's CPU (BENCHMARKS.md, "Issue 32: the
+# daemon's own CPU"). WSL2's library checks still run every run. A replay reads everything
+# every run: each step's files are its own evidence.
+FACTS_INTERVAL = 60.0
+
+
+class _Facts(NamedTuple):
+    read_at: float  # monotonic
+    cpus: int | None
+    swappiness: int | None
+    release: str  # the kernel's
+    wsl2: bool
 
 
 class HostCollector(Collector):
@@ -52,6 +66,10 @@ class HostCollector(Collector):
         self._prev_cpu: tuple[float, float] | None = None
         self._files = OpenFiles()
         self._guest_libs: tuple[float, int] | None = None  # (monotonic time, count)
+        self._facts: _Facts | None = None
+        self._watched: list[Path] | None = None  # live: the options do not change
+        # /proc's files, made once per root (building the Paths was a tenth of a run)
+        self._paths: tuple[Path, Path, Path, Path, Path] | None = None
 
     def watched_paths(self) -> list[Path]:
         paths = [Path(p) for p in self.ctx.global_options.get("watch_paths", ())]
@@ -90,7 +108,10 @@ class HostCollector(Collector):
         proc = self.ctx.procfs
         source = source_of(self.ctx)
         b = Batch()
-        mem = procfs.parse_meminfo(self._required(proc / "meminfo"), _MEMINFO_KEYS)
+        if self._paths is None or self._paths[0] is not proc:
+            self._paths = (proc, proc / "meminfo", proc / "vmstat", proc / "stat", proc / "loadavg")
+        _, meminfo, vmstat_path, stat_path, loadavg = self._paths
+        mem = procfs.parse_meminfo(self._required(meminfo), _MEMINFO_KEYS)
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
         if total:
@@ -102,11 +123,11 @@ class HostCollector(Collector):
         if "SwapTotal" in mem:
             b.add("node.swap_total", NODE, float(mem["SwapTotal"]))
             b.add("node.swap_used", NODE, float(mem["SwapTotal"] - mem.get("SwapFree", 0)))
-        vmstat = procfs.parse_keyvalue_ints(self._optional(proc / "vmstat"), _VMSTAT_KEYS)
+        vmstat = procfs.parse_keyvalue_ints(self._optional(vmstat_path), _VMSTAT_KEYS)
         for key, signal in (("pswpin", "node.swap_in"), ("pswpout", "node.swap_out")):
             if key in vmstat:
                 b.add(signal, NODE, float(vmstat[key] * PAGE_SIZE))
-        stat = self._required(proc / "stat")
+        stat = self._required(stat_path)
         cpu = procfs.parse_cpu_times(stat)
         if cpu is not None:
             if self._prev_cpu is not None and cpu[1] > self._prev_cpu[1]:
@@ -116,17 +137,18 @@ class HostCollector(Collector):
         btime = procfs.parse_btime(stat)
         if btime is not None:
             b.add("node.boot_time", NODE, float(btime))
-        cpus = source.cpu_count()
-        if cpus is not None:
-            b.add("node.cpu_count", NODE, float(cpus))
-        load = procfs.parse_loadavg(self._optional(proc / "loadavg"))
+        facts = self._facts_now(proc, source)
+        if facts.cpus is not None:
+            b.add("node.cpu_count", NODE, float(facts.cpus))
+        load = procfs.parse_loadavg(self._optional(loadavg))
         if load is not None:
             for name, value in zip(("node.load1", "node.load5", "node.load15"), load, strict=True):
                 b.add(name, NODE, value)
-        swappiness = procfs.parse_int(self._optional(proc / "sys/vm/swappiness"))
-        if swappiness is not None:
-            b.add("node.swappiness", NODE, float(swappiness))
-        for path in self.watched_paths():
+        if facts.swappiness is not None:
+            b.add("node.swappiness", NODE, float(facts.swappiness))
+        if self._watched is None or self.ctx.recorded:
+            self._watched = self.watched_paths()
+        for path in self._watched:
             # the file system of a watched path of the host, under paths.host_root (not the
             # collector's own /dev or /etc roots: /dev/shm is a file system, not a device)
             root = self.ctx.host_root
@@ -145,20 +167,37 @@ class HostCollector(Collector):
                     used / (used + avail_b) if used + avail_b else 0.0,
                     lab,
                 )
-        self._wsl(b, proc)
+        self._wsl(b, facts.release, facts.wsl2)
         return b
 
-    def _wsl(self, b: Batch, proc: Path) -> None:
-        """node.wsl2, and on WSL2 the Windows driver's library mount and any Linux driver
-        libraries installed in the guest (docs/wsl.md)."""
+    def _facts_now(self, proc: Path, source: Source) -> _Facts:
+        """The rarely changing facts: read again each run in a replay, live once a minute."""
+        now = time.monotonic()
+        facts = self._facts
+        if facts is None or self.ctx.recorded or now - facts.read_at >= FACTS_INTERVAL:
+            facts = self._facts = _Facts(
+                now,
+                source.cpu_count(),
+                procfs.parse_int(self._optional(proc / "sys/vm/swappiness")),
+                *self._kernel(proc),
+            )
+        return facts
+
+    def _kernel(self, proc: Path) -> tuple[str, bool]:
+        """The kernel's release, and whether this is WSL2 (the release says so, or /dev/dxg,
+        the GPU paravirtualisation device, is there)."""
         release = self._optional(proc / "sys/kernel/osrelease").strip()
         if not release:
             release = wsl.release_of(self._optional(proc / "version"))
+        dxg = not self.ctx.recorded and os.path.exists(self.ctx.devfs / "dxg")
+        return release, wsl.wsl_generation(release) == 2 or dxg
+
+    def _wsl(self, b: Batch, release: str, wsl2: bool) -> None:
+        """node.kernel_release, node.wsl2, and on WSL2 the Windows driver's library mount
+        and any Linux driver libraries installed in the guest (docs/wsl.md)."""
         if release:  # for moptd_software_version_info: a fleet compares hosts by kernel
             b.add("node.kernel_release", NODE, 1.0, labels_of(release=release[:MAX_RELEASE]))
-        generation = wsl.wsl_generation(release)
-        dxg = not self.ctx.recorded and os.path.exists(self.ctx.devfs / "dxg")
-        if generation != 2 and not dxg:
+        if not wsl2:
             if release:
                 b.add("node.wsl2", NODE, 0.0)
             return
