@@ -244,7 +244,7 @@ def evaluate(
 
     timed = budget is not None
     clock = time.perf_counter if budget is None else budget.clock
-    first = pos = done = 0
+    first = pos = done = total = 0
     deadline = 0.0
     stopped = False  # the budget ran out
     if budget is not None:
@@ -364,7 +364,7 @@ def evaluate(
             break
     out = laps[1] + laps[0] if timed else laps[0]
     if budget is not None:
-        _account(budget, rule_list, envs, first, done, kept, keep)
+        _account(budget, rule_list, envs, first, done, total, kept, keep)
     if reuse is not None:
         reuse.kept = keep  # departed subjects and removed rules fall out here
         reuse.reused += reused
@@ -402,16 +402,20 @@ def _account(
     envs: dict[str, list[Env]],
     first: int,
     done: int,
+    total: int,
     kept: Mapping[tuple[int, str], Kept],
     keep: dict[tuple[int, str], Kept],
 ) -> None:
     """After a budgeted pass: what it reached, where the next starts, the pairs it left
     (their reuse entries carried over for the next pass)."""
+    budget.evaluated = done
+    budget.deferred = []
+    if done >= total:  # the whole pass (nearly every tick): no pair left to list
+        budget.next_start = first
+        return
     pairs = [(rule, env) for rule in rule_list if rule.enabled for env in envs[rule.scope]]
     n = len(pairs)
-    budget.evaluated = done
     budget.next_start = (first + done) % n if n else 0
-    budget.deferred = []
     for k in range(done, n):
         rule, env = pairs[(first + k) % n]
         budget.deferred.append((rule.id, env.subject))

@@ -134,6 +134,9 @@ class Diagnosis:
         self._boards_due = -math.inf  # rule-clock time of the next board refresh
         self._boards_seen: dict[str, boards.Board] = {}
         self._boards_read = -math.inf  # rule-clock time of the last board refresh
+        # the boards as of a store layout (the GPUs' attributes change it); worked out every
+        # tick they were a twentieth of the tick (issue 32)
+        self._boards_of: tuple[tuple[int, int], dict[str, boards.Board]] | None = None
         self._ahead: float | None = None  # the latest event time still ahead of the clock
 
     # --- lifecycle ---
@@ -277,6 +280,9 @@ class Diagnosis:
     # --- each board's history (moptd.findings.boards) ---
 
     def _boards(self) -> dict[str, boards.Board]:
+        layout = self.store.layout_key()
+        if self._boards_of is not None and self._boards_of[0] == layout:
+            return self._boards_of[1]
         attrs = {s: self.store.attrs(s) for s in self.store.subjects("gpu")}
         indexed = {
             a["pci_bus_id"].lower()
@@ -290,6 +296,7 @@ class Diagnosis:
             board = boards.board_of(subject, attrs)
             if board is not None:
                 out[subject] = board
+        self._boards_of = (layout, out)
         return out
 
     def _boards_wanted(self, t: float) -> dict[str, boards.Board] | None:

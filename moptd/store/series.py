@@ -68,9 +68,11 @@ class Series:
             self.observed_since = t
         if n > self._start:
             if v == self._v[-1] or (math.isnan(v) and math.isnan(self._v[-1])):
-                revived = t - self.last_seen > REVIVED_AFTER
-                self.last_seen = max(self.last_seen, t)
-                return revived
+                # the same value again: most appends of a steady host (no max(): a call)
+                last_seen = self.last_seen
+                if t > last_seen:
+                    self.last_seen = t
+                return t - last_seen > REVIVED_AFTER
         self._t.append(t)
         self._v.append(v)
         self.last_seen = t
