@@ -47,7 +47,9 @@ def wait_for(fn: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -
         time.sleep(step)
 
 
-def wait_socket(sock: Path, proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+def wait_socket(sock: Path, proc: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> None:
+    # 30 s, as DaemonProcess.wait_metrics: under the two CI lanes a daemon that opens its
+    # socket in about a second on a quiet VM once took more than 10 (lane run N).
     def up() -> bool:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"moptd exited with {proc.returncode}")
