@@ -354,3 +354,88 @@ def test_quantile_one_ignores_a_value_held_too_briefly_to_count():
         ref.append(t, v)
     assert ref.quantile(1.0, 2050.0, 2050.0) == 2.0
     assert fast.quantile(1.0, 2050.0, 2050.0) == 2.0
+
+
+def _fresh(text: str) -> str:
+    # an equal string that is not the same object: a collector that builds its keys anew
+    return "".join(list(text))
+
+
+_VALUES = st.sampled_from([0.0, 1.0, 1.0, 2.5, math.nan, None, "up", "down", True, 7])
+_PLACES = st.tuples(
+    st.integers(0, 2),  # signal
+    st.integers(0, 2),  # subject
+    st.integers(0, 1),  # labels
+    _VALUES,
+    st.sampled_from(["same object", "same parts", "other labels", "equal parts"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.integers(0, 1), st.lists(_PLACES, max_size=8)),  # (source, batch)
+            st.just("evict"),
+        ),
+        max_size=25,
+    ),
+    st.integers(2, 8),
+)
+def test_a_batch_does_to_the_store_what_its_samples_recorded_one_by_one_do(steps, max_series):
+    # ingest() reaches a series it placed last batch without building its key. Whether the
+    # samples are last batch's very objects, new ones of the same key objects (or of the
+    # same signal and subject, other labels) or of equal ones, with values turning from
+    # numbers to text and back, refused past max_series and after an eviction: the store
+    # ends as record() sample by sample leaves it.
+    fast = SignalStore(VirtualClock(0), retention=30, max_series=max_series)
+    plain = SignalStore(VirtualClock(0), retention=30, max_series=max_series)
+    signals, subjects = ["gpu.util", "gpu.state", "gpu.temp"], ["gpu:0", "gpu:1", "host"]
+    labels: list[tuple[tuple[str, str], ...]] = [(), (("reason", "hw"),)]
+    last: dict[str, list[Sample]] = {}
+    t = 0.0
+    for step in steps:
+        t += 7.0
+        if step == "evict":
+            fast.evict(t)
+            plain.evict(t)
+            continue
+        source, places = step
+        before = last.get(f"s{source}", [])
+        samples = []
+        for i, (sig, sub, lab, value, reuse) in enumerate(places):
+            old = before[i] if i < len(before) else None
+            if reuse == "same object" and old is not None:
+                samples.append(old)
+            elif reuse == "same parts" and old is not None:
+                samples.append(Sample(old.signal, old.subject, value, old.labels))
+            elif reuse == "other labels" and old is not None:
+                samples.append(Sample(old.signal, old.subject, value, labels[lab]))
+            else:
+                samples.append(
+                    Sample(
+                        _fresh(signals[sig]),
+                        _fresh(subjects[sub]),
+                        value,
+                        tuple((_fresh(k), _fresh(v)) for k, v in labels[lab]),
+                    )
+                )
+        last[f"s{source}"] = samples
+        fast.ingest(f"s{source}", Batch(list(samples)), t=t)
+        kept = [s for s in samples if plain.record(s, t=t, source=f"s{source}")]
+        if fast.evictions > plain.evictions:  # ingest() evicts once a minute; record() never
+            plain.evict(t)
+        assert list(fast._current[f"s{source}"].samples) == kept
+        assert fast._series.keys() == plain._series.keys()
+        for key, series in fast._series.items():
+            other = plain._series[key]
+            assert str(series.points()) == str(other.points())  # (nan == nan)
+            assert (series.last_seen, series.observed_since) == (
+                other.last_seen,
+                other.observed_since,
+            )
+        assert fast._text == plain._text
+        assert fast.generations == plain.generations
+        assert list(fast._change_log) == list(plain._change_log)
+        assert fast.series_dropped == plain.series_dropped
+        assert fast._owner == plain._owner
