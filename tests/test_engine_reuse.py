@@ -128,12 +128,21 @@ def traced_by(salt: int) -> Callable[[str, str], bool] | None:
     return lambda rule, subject: zlib.crc32(f"{rule} {subject}".encode()) % 4 == salt
 
 
+def pairs(results: list, traced: Callable[[str, str], bool] | None) -> frozenset:
+    """`traced` as the daemon passes it: the (rule id, subject) pairs it holds."""
+    if traced is None:
+        return frozenset()
+    return frozenset(
+        (r.rule.id, r.subject) for r in results if traced(r.rule.id, r.subject)
+    ) | {("no-such-rule", "gpu:0")}
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(step, min_size=2, max_size=12))
 def test_reuse_gives_the_results_of_a_full_walk(shipped: RuleSet, steps: list) -> None:
     clock = VirtualClock(1000.0)
     store = SignalStore(clock=clock)
-    reuse = Reuse()
+    reuse, by_set = Reuse(), Reuse()
     counters: dict[tuple[str, str], float] = {}
     now = 1000.0
     for dt, values, events, missing, salt in steps:
@@ -148,6 +157,9 @@ def test_reuse_gives_the_results_of_a_full_walk(shipped: RuleSet, steps: list) -
         full = evaluate(shipped, store, now, missing, traced=traced)
         again = evaluate(shipped, store, now, missing, traced=traced, reuse=reuse)
         assert outcome(again) == outcome(full)
+        # the same pairs given as a set, with a reuse of their own
+        as_set = evaluate(shipped, store, now, missing, traced=pairs(full, traced), reuse=by_set)
+        assert outcome(as_set) == outcome(full)
 
 
 @settings(max_examples=60, deadline=None)
@@ -160,7 +172,7 @@ def test_reuse_as_replay_reads_gives_the_results_of_a_full_walk(
     new evidence of the namespace or the retention changes what the read sees."""
     clock = VirtualClock(1000.0)
     store = SignalStore(clock=clock)
-    reuse = Reuse()
+    reuse, by_set = Reuse(), Reuse()
     counters: dict[tuple[str, str], float] = {}
     evidence: dict[str, float] = {}
     now = 1000.0
@@ -181,6 +193,16 @@ def test_reuse_as_replay_reads_gives_the_results_of_a_full_walk(
             shipped, store, now, missing, traced=traced, reuse=reuse, evidence_at=evidence
         )
         assert outcome(again) == outcome(full)
+        as_set = evaluate(
+            shipped,
+            store,
+            now,
+            missing,
+            traced=pairs(full, traced),
+            reuse=by_set,
+            evidence_at=evidence,
+        )
+        assert outcome(as_set) == outcome(full)
 
 
 def test_a_steady_store_reuses_nearly_everything(shipped: RuleSet) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -212,14 +212,15 @@ def evaluate(
     store: SignalStore,
     now: float,
     missing: frozenset[str] = frozenset(),
-    traced: Callable[[str, str], bool] | None = None,
+    traced: Callable[[str, str], bool] | Collection[tuple[str, str]] | None = None,
     reuse: Reuse | None = None,
     evidence_at: Mapping[str, float] | None = None,
     budget: Budget | None = None,
 ) -> list[Result]:
     """Every enabled rule on every subject of its scope. A match carries its decision path
-    (res.steps); so does a result for which `traced(rule id, subject)` is true (a finding
-    still open after its rule stopped matching). The others carry none: recording every
+    (res.steps); so does a result whose (rule id, subject) is in `traced`, or for which
+    `traced(rule id, subject)` is true (a finding still open after its rule stopped
+    matching). The others carry none: recording every
     condition of every rule on every tick cost a third of the tick, and only `explain`
     and the findings read it. With `reuse`, an untraced result whose reads all return what
     they returned in the last pass is that pass's result (see Reuse); the results are the
@@ -255,6 +256,8 @@ def evaluate(
         )
         first = budget.start % total if total else 0
         deadline = clock() + budget.seconds
+    traced_by_rule = _traced_by_rule(traced)
+    traced_here: Container[str] | None = None
     laps: list[list[Result]] = [[], []]
     for lap in (0, 1) if timed and first else (0,):
         out = laps[lap]
@@ -263,6 +266,15 @@ def evaluate(
             if not rule.enabled:
                 continue
             rule_key = id(rule)
+            # the subjects whose result carries its path although it is no match: asked
+            # of each pair, every pass (a set lookup here, not a call and a tuple)
+            traced_here = (
+                traced_by_rule.get(rule.id)
+                if isinstance(traced_by_rule, dict)
+                else None
+                if traced_by_rule is None
+                else _Asks(traced_by_rule, rule.id)
+            )
             scope_envs = envs.get(rule.scope)
             if scope_envs is None:
                 scope_envs = _envs(
@@ -293,7 +305,7 @@ def evaluate(
                     and last.traced
                     == (
                         last.result.status == "match"
-                        or (traced is not None and traced(rule.id, env.subject))
+                        or (traced_here is not None and env.subject in traced_here)
                     )
                 ):
                     st = last.stamp
@@ -339,7 +351,8 @@ def evaluate(
                     out.append(res)
                     continue
                 if not was_traced and (
-                    res.status == "match" or (traced is not None and traced(rule.id, env.subject))
+                    res.status == "match"
+                    or (traced_here is not None and env.subject in traced_here)
                 ):
                     # again, recording the path and the evidence (reads are memoised), and what
                     # that read too: a match whose reads stand is taken whole next pass
@@ -370,6 +383,30 @@ def evaluate(
         reuse.reused += reused
         reuse.unread += unread
     return out
+
+
+class _Asks:
+    """A `traced` function, asked of one rule's subjects by `in`."""
+
+    __slots__ = ("_ask", "_rule")
+
+    def __init__(self, ask: Callable[[str, str], bool], rule: str) -> None:
+        self._ask, self._rule = ask, rule
+
+    def __contains__(self, subject: object) -> bool:
+        return isinstance(subject, str) and self._ask(self._rule, subject)
+
+
+def _traced_by_rule(
+    traced: Callable[[str, str], bool] | Collection[tuple[str, str]] | None,
+) -> dict[str, set[str]] | Callable[[str, str], bool] | None:
+    """`traced` as evaluate asks it: pairs grouped by rule id (once a pass), or the function."""
+    if traced is None or callable(traced):
+        return traced
+    by_rule: dict[str, set[str]] = {}
+    for rule_id, subject in traced:
+        by_rule.setdefault(rule_id, set()).add(subject)
+    return by_rule
 
 
 def _envs(

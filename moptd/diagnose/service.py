@@ -151,7 +151,7 @@ class RuleService:
             self.store,
             t,
             self.missing,
-            traced=lambda rule, subject: (rule, subject) in open_findings,
+            traced=open_findings,
             reuse=self.reuse,
             budget=budget,
         )
