@@ -173,13 +173,6 @@ class SignalStore:
         # made meanwhile, in order, each a call with its time fixed when it was made.
         self._queued: list[Callable[[], object]] | None = None
         self._no_events = EventLog(max_events)  # what events() gives for an unknown stream
-        # source -> its last batch's samples and, for each, the numeric series it went to
-        # (None for a text value or a refused one). A collector sends the same samples in
-        # the same order tick after tick, often the very objects: a sample whose key is made
-        # of the same objects as the one at its place last time goes to the same series
-        # without building and hashing its key (_record_batch). Cleared by evict(), the only
-        # writer that removes a series.
-        self._placed: dict[str, tuple[list[Sample], list[Series | None]]] = {}
 
     # --- holding writes while another thread reads ---
 
@@ -224,8 +217,8 @@ class SignalStore:
         self._ingest(source, batch, now)
 
     def _ingest(self, source: str, batch: Batch, now: float, notify: bool = True) -> None:
-        kept = self._record_batch(source, batch.samples, now)
-        if kept is not None:
+        kept = [s for s in batch.samples if self._record(s, now, source)]
+        if len(kept) != len(batch.samples):
             # the exporter shows what the store holds: a refused series is not exported
             # either, so /metrics stays as bounded as the store
             batch = replace(batch, samples=kept)
@@ -242,46 +235,6 @@ class SignalStore:
         self.version += 1
         if now - self._last_evict > 60:
             self.evict(now)
-
-    def _record_batch(self, source: str, samples: list[Sample], t: float) -> list[Sample] | None:
-        """_record each sample, in order; the samples kept when some were refused, else
-        None. What each sample does to the store is what _record would do."""
-        before, before_where = self._placed.get(source, ((), ()))
-        n_before = len(before)
-        where: list[Series | None] = []
-        kept: list[Sample] | None = None
-        for i, s in enumerate(samples):
-            v = s.value
-            numeric = not (isinstance(v, str) or v is None)
-            if i < n_before and not (isinstance(v, str) or v is None):  # (numeric, for mypy)
-                series = before_where[i]
-                old = before[i]
-                if series is not None and (
-                    old is s
-                    or (
-                        old.signal is s.signal
-                        and old.subject is s.subject
-                        and old.labels is s.labels
-                    )
-                ):
-                    # the same key, so the series _record would find (evict() alone removes
-                    # one, and it clears _placed)
-                    if series.append(t, float(v)):
-                        self._bump(s.signal)
-                    where.append(series)
-                    if kept is not None:
-                        kept.append(s)
-                    continue
-            if self._record(s, t, source):
-                if kept is not None:
-                    kept.append(s)
-                where.append(self._series.get((s.signal, s.subject, s.labels)) if numeric else None)
-            else:
-                if kept is None:
-                    kept = samples[:i]
-                where.append(None)
-        self._placed[source] = (list(samples), where)
-        return kept
 
     def record(self, sample: Sample, t: float | None = None, source: str = "") -> bool:
         """Record one sample; False when it would be a new series past the source's
@@ -398,7 +351,6 @@ class SignalStore:
             self._queued.append(lambda: self.evict(now))
             return
         horizon = now - self.retention
-        self._placed.clear()
         for key in [k for k, s in self._series.items() if s.last_seen < horizon]:
             del self._series[key]
             self._bump(key[0])
