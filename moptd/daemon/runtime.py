@@ -69,9 +69,6 @@ class CollectorRuntime:
             name: CollectorHealth(name, interval, timeout)
             for name, (_, interval, timeout) in self.collectors.items()
         }
-        # each collector's subject and health source, made once: the store reaches a series
-        # without its key where the key's strings are the very objects of last time
-        self._health_keys = {name: (f"collector:{name}", f"health:{name}") for name in self.health}
         self._tasks: list[asyncio.Task[None]] = []
         self.first_pass = asyncio.Event()
 
@@ -206,7 +203,7 @@ class CollectorRuntime:
             log.info("collector %s recovered", health.name)
 
     def _record_health(self, h: CollectorHealth, t: float) -> None:
-        subject, source = self._health_keys[h.name]
+        subject = f"collector:{h.name}"
         batch = Batch(
             samples=[
                 Sample("collector.success", subject, _SUCCESS.get(h.state, 0.0)),
@@ -221,4 +218,4 @@ class CollectorRuntime:
         if h.last_success:
             batch.add("collector.last_success", subject, h.last_success)
         batch.describe(subject, state=h.state, reason=h.reason)
-        self.store.ingest(source, batch, t)
+        self.store.ingest(f"health:{h.name}", batch, t)
