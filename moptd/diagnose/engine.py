@@ -256,8 +256,7 @@ def evaluate(
         )
         first = budget.start % total if total else 0
         deadline = clock() + budget.seconds
-    traced_by_rule = _traced_by_rule(traced)
-    traced_here: Container[str] | None = None
+    traced_subjects = _traced_subjects(traced)
     laps: list[list[Result]] = [[], []]
     for lap in (0, 1) if timed and first else (0,):
         out = laps[lap]
@@ -268,13 +267,7 @@ def evaluate(
             rule_key = id(rule)
             # the subjects whose result carries its path although it is no match: asked
             # of each pair, every pass (a set lookup here, not a call and a tuple)
-            traced_here = (
-                traced_by_rule.get(rule.id)
-                if isinstance(traced_by_rule, dict)
-                else None
-                if traced_by_rule is None
-                else _Asks(traced_by_rule, rule.id)
-            )
+            traced_here = traced_subjects(rule.id)
             scope_envs = envs.get(rule.scope)
             if scope_envs is None:
                 scope_envs = _envs(
@@ -397,16 +390,20 @@ class _Asks:
         return isinstance(subject, str) and self._ask(self._rule, subject)
 
 
-def _traced_by_rule(
+def _traced_subjects(
     traced: Callable[[str, str], bool] | Collection[tuple[str, str]] | None,
-) -> dict[str, set[str]] | Callable[[str, str], bool] | None:
-    """`traced` as evaluate asks it: pairs grouped by rule id (once a pass), or the function."""
-    if traced is None or callable(traced):
-        return traced
+) -> Callable[[str], Container[str] | None]:
+    """`traced` as evaluate asks it: a rule id -> the subjects traced for it (None: none).
+    Pairs are grouped by rule id once a pass; a function is asked subject by subject."""
+    if traced is None:
+        return lambda rule_id: None
+    if callable(traced):
+        ask = traced
+        return lambda rule_id: _Asks(ask, rule_id)
     by_rule: dict[str, set[str]] = {}
     for rule_id, subject in traced:
         by_rule.setdefault(rule_id, set()).add(subject)
-    return by_rule
+    return by_rule.get
 
 
 def _envs(
