@@ -214,6 +214,23 @@ async def load(
         return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
 
 
+async def requests_waiting(session: aiohttp.ClientSession, port: int) -> float | None:
+    """vllm:num_requests_waiting on the server's own /metrics page, read by the test itself:
+    the page is made as it is answered, so it is the engine's queue of that moment. None
+    when the page does not come or does not say."""
+    try:
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    values = [
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_waiting{")
+    ]
+    return sum(values) if values else None
+
+
 def engine_core(pgid: int) -> int:
     """The pid of vLLM's engine core process in the managed server's process group."""
     for pid, cmd in group_pids(pgid).items():
