@@ -78,7 +78,7 @@ def main() -> int:
             d.wait_metrics(timeout=30)
             proc = psutil.Process(d.proc.pid)  # type: ignore[union-attr]
             if args.scraper == "prometheus":
-                prom = Prometheus(Path(tmp), f"127.0.0.1:{d.port}", args.scrape_every)
+                prom = Prometheus(Path(tmp), {"moptd": f"127.0.0.1:{d.port}"}, args.scrape_every)
                 prom.wait_first_scrape()
             time.sleep(args.warmup)
             cpu0 = proc.cpu_times()
@@ -129,34 +129,38 @@ def main() -> int:
 
 
 class Prometheus(PrometheusProcess):
-    """A real Prometheus scraping one target every `every` seconds, its data in `tmp`."""
+    """A real Prometheus scraping each target (job name -> host:port) every `every`
+    seconds, its data in `tmp`."""
 
-    def __init__(self, tmp: Path, target: str, every: float) -> None:
+    def __init__(self, tmp: Path, targets: dict[str, str], every: float) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
-            raise SystemExit("--scraper prometheus needs `prometheus` (apt install prometheus)")
+            raise SystemExit("this bench needs `prometheus` (apt install prometheus)")
         super().__init__(binary, tmp, {
             "global": {"scrape_interval": f"{every:g}s", "scrape_timeout": f"{min(every, 10):g}s"},
-            "scrape_configs": [{"job_name": "moptd", "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+                               for job, target in targets.items()],
         })
+        self.jobs = tuple(targets)
 
     def results(self, expr: str) -> list[dict[str, Any]]:
         return list(self.query(expr)["data"]["result"])
 
     def wait_first_scrape(self, timeout: float = 60) -> None:
+        """Until every job has been scraped once."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if self.results('up{job="moptd"} == 1'):
+                if set(self.jobs) <= {r["metric"]["job"] for r in self.results("up == 1")}:
                     return
             except OSError:
                 pass
             time.sleep(0.5)
-        raise SystemExit("Prometheus did not scrape moptd within 60 s")
+        raise SystemExit(f"Prometheus did not scrape {', '.join(self.jobs)} within {timeout:g} s")
 
-    def scrape_ms(self, seconds: float) -> list[float]:
-        """Prometheus's own scrape durations over the last `seconds`, in ms."""
-        got = self.results(f'scrape_duration_seconds{{job="moptd"}}[{int(seconds)}s]')
+    def scrape_ms(self, seconds: float, job: str = "moptd") -> list[float]:
+        """Prometheus's own scrape durations of one job over the last `seconds`, in ms."""
+        got = self.results(f'scrape_duration_seconds{{job="{job}"}}[{int(seconds)}s]')
         values = got[0]["values"] if got else []
         return [1000 * float(v) for _, v in values]
 

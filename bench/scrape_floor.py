@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchenv import add_ports_arg, use_ports
+from daemon_steady import Prometheus
 from percentile import pct
 
 from tests.daemon_proc import DaemonProcess, free_port
-from tests.prometheus_proc import PrometheusProcess
 
 # The static page's server: the body from a file, gzip-compressed once (level 6, as the
 # daemon does), served to whoever asks with the daemon's headers.
@@ -69,9 +68,6 @@ def main() -> int:
     add_ports_arg(ap)
     args = ap.parse_args()
     use_ports(args.ports)
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        raise SystemExit("scrape_floor.py needs `prometheus` (apt install prometheus)")
 
     collectors: dict[str, dict[str, object]] = {"nvml": {"interval": "1s"},
                                                  "host": {"interval": "1s"}}
@@ -84,7 +80,7 @@ def main() -> int:
         d = DaemonProcess(tmp, {"collectors": collectors})
         d.start()
         static: subprocess.Popen[bytes] | None = None
-        prom: PrometheusProcess | None = None
+        prom: Prometheus | None = None
         try:
             d.wait_metrics(timeout=30)
             time.sleep(3)  # every collector has reported: the page at its full size
@@ -95,22 +91,14 @@ def main() -> int:
             static_port = free_port()
             static = subprocess.Popen([sys.executable, "-c", STATIC, str(page), str(static_port)])
             wait_http(f"http://127.0.0.1:{static_port}/metrics")
-            every = f"{args.scrape_every:g}s"
-            prom = PrometheusProcess(prometheus, tmp, {
-                "global": {"scrape_interval": every,
-                           "scrape_timeout": f"{min(args.scrape_every, 10):g}s"},
-                "scrape_configs": [
-                    {"job_name": "moptd", "static_configs": [{"targets": [f"127.0.0.1:{d.port}"]}]},
-                    {"job_name": "static",
-                     "static_configs": [{"targets": [f"127.0.0.1:{static_port}"]}]},
-                ],
-            })
-            wait_up(prom, ("moptd", "static"))
+            prom = Prometheus(tmp, {"moptd": f"127.0.0.1:{d.port}",
+                                    "static": f"127.0.0.1:{static_port}"}, args.scrape_every)
+            prom.wait_first_scrape()
             time.sleep(args.warmup)
             t0 = time.monotonic()
             time.sleep(args.seconds)
             elapsed = time.monotonic() - t0
-            ms = {job: scrape_ms(prom, job, elapsed) for job in ("moptd", "static")}
+            ms = {job: prom.scrape_ms(elapsed, job) for job in prom.jobs}
         finally:
             if prom is not None:
                 prom.stop()
@@ -149,26 +137,6 @@ def wait_http(url: str, timeout: float = 30) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{url} did not answer within {timeout:g} s") from None
             time.sleep(0.2)
-
-
-def wait_up(prom: PrometheusProcess, jobs: tuple[str, ...], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            up = {r["metric"]["job"] for r in prom.query("up == 1")["data"]["result"]}
-            if set(jobs) <= up:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"Prometheus did not scrape {', '.join(jobs)} within {timeout:g} s")
-
-
-def scrape_ms(prom: PrometheusProcess, job: str, seconds: float) -> list[float]:
-    """Prometheus's own scrape durations of one job over the last `seconds`, in ms."""
-    got = prom.query(f'scrape_duration_seconds{{job="{job}"}}[{int(seconds)}s]')["data"]["result"]
-    values = got[0]["values"] if got else []
-    return [1000 * float(v) for _, v in values]
 
 
 if __name__ == "__main__":
