@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,18 @@ async def load(
                 return await r.json()
 
         return await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+
+
+async def bursts(
+    port: int, n: int, deadline: float, done: Callable[[], bool], limit: float
+) -> list[object]:
+    """Bursts of n concurrent completions (load), one after another, until done() holds or
+    `limit` seconds have passed; every result or exception."""
+    results: list[object] = []
+    t0 = time.monotonic()
+    while not done() and time.monotonic() - t0 < limit:
+        results += await load(port, n, 480, deadline)
+    return results
 
 
 async def requests_waiting(session: aiohttp.ClientSession, port: int) -> float | None:

@@ -22,10 +22,10 @@ from tests.vllm.harness import (
     MODEL,
     SUBJECT,
     Harness,
+    bursts,
     engine_core,
     free_port,
     group_pids,
-    load,
     managed,
     requests_waiting,
     require_vllm,
@@ -103,14 +103,7 @@ async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> N
         # full cache: the API server, flooded, answered a scrape only after 8-12 s on two
         # cores, and one burst could pass whole inside a scrape that timed out (two CI runs
         # of 2026-12-07 saw no load so); under a steady load no scrape came back in 120 s.
-        async def bursts() -> list[object]:
-            results: list[object] = []
-            t0 = time.monotonic()
-            while not load_seen() and time.monotonic() - t0 < LOAD_S:
-                results += await load(port, 40, 480, 300)
-            return results
-
-        task = asyncio.create_task(bursts())
+        task = asyncio.create_task(bursts(port, 40, 300, load_seen, LOAD_S))
         while not task.done():
             await h.collect()
             seen["waiting"] = max(seen["waiting"], h.last("serving.requests_waiting") or 0)
@@ -147,11 +140,7 @@ async def test_managed_vllm_scrape_load_stall_death_restart(tmp_path: Path) -> N
         core = engine_core(pgid)
         queued = asyncio.Event()
 
-        async def bursts_until_queued() -> None:
-            while not queued.is_set():
-                await load(port, 200, 480, 400)
-
-        task = asyncio.create_task(bursts_until_queued())
+        task = asyncio.create_task(bursts(port, 200, 400, queued.is_set, 900))
         t0 = time.monotonic()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             while (await requests_waiting(session, port) or 0) < 32:
